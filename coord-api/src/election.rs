@@ -1,0 +1,298 @@
+//! Elections on the [`KvLeaseStore`] primitives, with the algorithm of etcd's Go
+//! `concurrency.Election` (so Go clients and etcdctl on the same name share one queue), minus
+//! its known faults:
+//!
+//! * etcd's Go `Campaign` (and etcd 3.4's server-side election) can return a leadership
+//!   whose key is already gone (etcd#11051, #19597; measured, ETCD-NOTES.md 3.5). Here the
+//!   waiting candidate watches its own key as well as its predecessor's, and it only returns
+//!   after one consistent read showed its key present, with its create revision, and first.
+//! * A dropped campaign leaves its key queued until the lease ends; here a guard deletes it.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::StreamExt;
+
+use crate::error::{Error, Result};
+use crate::request::{
+    Compare, CompareOp, DeleteRequest, GetRequest, PutRequest, TxnRequest, WatchRequest,
+};
+use crate::store::{DynKvLeaseStore, KvLeaseStore, LeaderStream};
+use crate::types::{EventKind, KeyValue, LeaseId};
+use crate::validate;
+
+/// A candidate's key in an election: what [`KvLeaseStore::campaign`] returns, and what
+/// proclaim and resign take to prove who is asking.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LeaderKey {
+    /// The election's name.
+    pub name: String,
+    /// The candidate key, `name/<lease hex>`.
+    pub key: Bytes,
+    /// The key's create revision: a fencing token that only grows from one leader to the next.
+    pub revision: i64,
+    /// The lease the key lives under.
+    pub lease: LeaseId,
+}
+
+impl LeaderKey {
+    /// A compare that holds only while this key still stands as created. Put it in a
+    /// transaction to make a write conditional on still being this candidate.
+    pub fn is_current(&self) -> Compare {
+        Compare::create_revision(self.key.to_vec(), CompareOp::Equal, self.revision)
+    }
+}
+
+fn prefix_of(name: &str) -> String {
+    format!("{name}/")
+}
+
+/// The candidate key of `lease` in election `name`, as etcd's Go client writes it.
+pub fn candidate_key(name: &str, lease: LeaseId) -> String {
+    format!("{}{lease}", prefix_of(name))
+}
+
+pub(crate) async fn campaign<S: KvLeaseStore + ?Sized>(
+    store: &S,
+    name: &str,
+    value: Bytes,
+    lease: LeaseId,
+) -> Result<LeaderKey> {
+    validate::election_name(name)?;
+    let key = candidate_key(name, lease);
+    let resp = store
+        .txn(
+            TxnRequest::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then([PutRequest::new(key.clone(), value.to_vec()).with_lease(lease)])
+                .or_else([GetRequest::key(key.clone())]),
+        )
+        .await?;
+    let mut leader = LeaderKey {
+        name: name.to_owned(),
+        key: Bytes::from(key),
+        revision: resp.revision,
+        lease,
+    };
+    if !resp.succeeded {
+        // Our key already exists (this lease campaigned before): rejoin at its place.
+        let existing = resp
+            .responses
+            .first()
+            .and_then(|r| r.as_get())
+            .and_then(|g| g.kvs.first());
+        match existing {
+            Some(kv) => {
+                leader.revision = kv.create_revision;
+                if kv.value != value {
+                    proclaim(store, &leader, value).await?;
+                }
+            }
+            // Deleted between the compare and the read, which a transaction rules out;
+            // treat it as the key being gone.
+            None => return Err(lost(&leader)),
+        }
+    }
+
+    let mut guard = CleanupGuard::new(store.shared(), leader.clone());
+    tracing::debug!(election = name, key = %String::from_utf8_lossy(&leader.key), revision = leader.revision, "campaign queued");
+    match wait_for_turn(store, &leader).await {
+        Ok(()) => {
+            guard.disarm();
+            tracing::debug!(election = name, revision = leader.revision, "campaign won");
+            Ok(leader)
+        }
+        // The guard deletes the key on the way out: a failed campaign leaves nothing queued.
+        Err(err) => Err(err),
+    }
+}
+
+fn lost(leader: &LeaderKey) -> Error {
+    Error::CandidacyLost {
+        election: leader.name.clone(),
+        key: String::from_utf8_lossy(&leader.key).into_owned(),
+        lease: leader.lease,
+    }
+}
+
+/// Waits until `leader.key` is the oldest key of the election, or fails when it disappears.
+async fn wait_for_turn<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) -> Result<()> {
+    let prefix = prefix_of(&leader.name);
+    loop {
+        let snapshot = store.get(GetRequest::prefix(prefix.clone())).await?;
+        let own = snapshot.kvs.iter().find(|kv| kv.key == leader.key);
+        if own.map(|kv| kv.create_revision) != Some(leader.revision) {
+            return Err(lost(leader));
+        }
+        let predecessor = snapshot
+            .kvs
+            .iter()
+            .filter(|kv| kv.create_revision < leader.revision)
+            .max_by_key(|kv| kv.create_revision);
+        let Some(predecessor) = predecessor else {
+            // One consistent read saw our key, as we created it, with nobody before it.
+            return Ok(());
+        };
+        let from = snapshot.revision + 1;
+        let mut theirs = store
+            .watch(WatchRequest::key(predecessor.key.to_vec()).with_start_revision(from))
+            .await?;
+        let mut ours = store
+            .watch(WatchRequest::key(leader.key.to_vec()).with_start_revision(from))
+            .await?;
+        // Any end of either stream (compaction, a lost connection) sends us back to re-read:
+        // the snapshot, not the stream, decides.
+        loop {
+            tokio::select! {
+                biased;
+                item = ours.next() => match item {
+                    Some(Ok(batch)) if batch.events.iter().any(|e| e.kind == EventKind::Delete) => {
+                        return Err(lost(leader));
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(_)) | None => break,
+                },
+                item = theirs.next() => match item {
+                    Some(Ok(batch)) if batch.events.iter().any(|e| e.kind == EventKind::Delete) => break,
+                    Some(Ok(_)) => {}
+                    Some(Err(_)) | None => break,
+                },
+            }
+        }
+    }
+}
+
+/// Deletes a candidate key whose campaign did not finish (dropped, timed out or failed), if
+/// the key is still the one this campaign created.
+struct CleanupGuard {
+    store: Option<Arc<DynKvLeaseStore>>,
+    leader: LeaderKey,
+}
+
+impl CleanupGuard {
+    fn new(store: Arc<DynKvLeaseStore>, leader: LeaderKey) -> Self {
+        CleanupGuard {
+            store: Some(store),
+            leader,
+        }
+    }
+
+    fn disarm(&mut self) {
+        self.store = None;
+    }
+}
+
+impl Drop for CleanupGuard {
+    fn drop(&mut self) {
+        let Some(store) = self.store.take() else {
+            return;
+        };
+        let leader = self.leader.clone();
+        // Drop cannot await, so the delete runs as its own task. Without a runtime (dropped
+        // during shutdown) the key stays until its lease ends, which is the most we can do.
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    if let Err(err) = resign(&*store, &leader).await {
+                        tracing::warn!(
+                            election = %leader.name,
+                            error = &err as &dyn std::error::Error,
+                            "could not delete the key of a cancelled campaign; it stays until its lease ends"
+                        );
+                    }
+                });
+            }
+            Err(_) => tracing::warn!(
+                election = %leader.name,
+                "campaign dropped outside a runtime; its key stays until its lease ends"
+            ),
+        }
+    }
+}
+
+pub(crate) async fn proclaim<S: KvLeaseStore + ?Sized>(
+    store: &S,
+    leader: &LeaderKey,
+    value: Bytes,
+) -> Result<()> {
+    let resp = store
+        .txn(TxnRequest::new().when([leader.is_current()]).and_then([
+            PutRequest::new(leader.key.to_vec(), value.to_vec()).with_lease(leader.lease),
+        ]))
+        .await?;
+    if resp.succeeded {
+        Ok(())
+    } else {
+        Err(Error::NotLeader {
+            election: leader.name.clone(),
+        })
+    }
+}
+
+pub(crate) async fn resign<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) -> Result<()> {
+    // Conditional on the create revision: a retried or late resign must never delete a newer
+    // incarnation of the key (etcd#22082).
+    store
+        .txn(
+            TxnRequest::new()
+                .when([leader.is_current()])
+                .and_then([DeleteRequest::key(leader.key.to_vec())]),
+        )
+        .await?;
+    Ok(())
+}
+
+fn first_created(kvs: Vec<KeyValue>) -> Option<KeyValue> {
+    kvs.into_iter().min_by_key(|kv| kv.create_revision)
+}
+
+pub(crate) async fn leader<S: KvLeaseStore + ?Sized>(store: &S, name: &str) -> Result<KeyValue> {
+    validate::election_name(name)?;
+    let resp = store.get(GetRequest::prefix(prefix_of(name))).await?;
+    first_created(resp.kvs).ok_or_else(|| Error::NoLeader {
+        election: name.to_owned(),
+    })
+}
+
+pub(crate) fn observe(store: Arc<DynKvLeaseStore>, name: &str) -> Result<LeaderStream> {
+    validate::election_name(name)?;
+    let prefix = prefix_of(name);
+    let stream = async_stream::try_stream! {
+        // (key, mod revision) of the last leader reported, so a re-read after a broken
+        // watch does not report the same leader twice.
+        let mut last: Option<(Bytes, i64)> = None;
+        loop {
+            let snapshot = store.get(GetRequest::prefix(prefix.clone())).await?;
+            let from = snapshot.revision + 1;
+            let Some(current) = first_created(snapshot.kvs) else {
+                // No candidate yet: wait for the first one to appear, then re-read.
+                let mut w = store.watch(WatchRequest::prefix(prefix.clone()).with_start_revision(from)).await?;
+                while let Some(Ok(batch)) = w.next().await {
+                    if batch.events.iter().any(|e| e.kind == EventKind::Put) {
+                        break;
+                    }
+                }
+                continue;
+            };
+            let seen = (current.key.clone(), current.mod_revision);
+            if last.as_ref() != Some(&seen) {
+                last = Some(seen);
+                yield current.clone();
+            }
+            // Follow the leader's key: a put is a proclaim, a delete hands over.
+            let mut w = store.watch(WatchRequest::key(current.key.to_vec()).with_start_revision(from)).await?;
+            'follow: while let Some(Ok(batch)) = w.next().await {
+                for event in batch.events {
+                    match event.kind {
+                        EventKind::Put => {
+                            last = Some((event.kv.key.clone(), event.kv.mod_revision));
+                            yield event.kv;
+                        }
+                        EventKind::Delete => break 'follow,
+                    }
+                }
+            }
+        }
+    };
+    Ok(stream.boxed())
+}

@@ -1,0 +1,71 @@
+//! Coordination over a key-value store with leases, written once against one contract.
+//!
+//! `coord-api` defines [`KvLeaseStore`]: the parts of etcd's v3 API that coordination needs
+//! (KV with revisions, transactions, leases with keep-alive, watch from a revision,
+//! compaction), with etcd's semantics as the reference, and elections built on them with
+//! etcd's own algorithm. Backends implement it; everything else is written against
+//! `Arc<dyn KvLeaseStore>` and so runs unchanged on all of them.
+//!
+//! ```no_run
+//! use std::{sync::Arc, time::Duration};
+//! use bytes::Bytes;
+//! use coord_api::{DynKvLeaseStore, KvLeaseStore, Result};
+//!
+//! async fn lead(store: Arc<DynKvLeaseStore>) -> Result<()> {
+//!     let lease = store.grant(Duration::from_secs(10)).await?;
+//!     let leader = store.campaign("jobs/scheduler", Bytes::from("node-a"), lease.id).await?;
+//!     // `leader.revision` is a fencing token: it grows with every new leader.
+//!     println!("leading with token {}", leader.revision);
+//!     store.resign(&leader).await
+//! }
+//! ```
+//!
+//! # Backends
+//!
+//! * `coord-sim`: `SimStore`, an in-memory store that behaves like etcd 3.4, in virtual time.
+//! * `coord-etcd`: `EtcdStore`, the production backend on a real etcd cluster.
+//!
+//! # Errors
+//!
+//! One [`Error`] enum, by condition, each variant in one [`ErrorClass`] that says whether the
+//! request was applied, may be retried, or has an unknown outcome.
+//!
+//! # Feature flags
+//!
+//! | feature     | what it adds |
+//! |-------------|--------------|
+//! | `test-util` | [`testkit`]: the conformance suite every backend runs, and [`conformance_tests!`]. Not API-stable. |
+//!
+//! # Cancellation and shutdown
+//!
+//! Every returned future may be dropped. A dropped write may still apply. A dropped campaign
+//! deletes its candidate key in the background. Dropping a watch stream cancels the watch.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod election;
+mod error;
+mod request;
+mod store;
+mod types;
+pub mod validate;
+
+#[cfg(any(test, feature = "test-util"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod testkit;
+
+pub use election::{candidate_key, LeaderKey};
+pub use error::{BoxError, Error, ErrorClass, Result};
+pub use request::{
+    Compare, CompareOp, CompareTarget, DeleteRequest, DeleteResponse, GetRequest, GetResponse,
+    LeaseGrant, LeaseTimeToLive, PutRequest, PutResponse, TxnOp, TxnOpResponse, TxnRequest,
+    TxnResponse, WatchRequest, WatchResponse,
+};
+pub use store::{
+    DynKvLeaseStore, KeepAlive, KvLeaseStore, KvLeaseStoreExt, LeaderStream, WatchStream,
+};
+pub use types::{Event, EventKind, KeyRange, KeyValue, LeaseId, Limits};
+
+// Re-exported so backends and users name the same versions.
+pub use async_trait::async_trait;
+pub use bytes::Bytes;

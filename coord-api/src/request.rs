@@ -1,0 +1,434 @@
+//! Requests to a [`KvLeaseStore`](crate::KvLeaseStore) and their responses.
+//!
+//! Requests are plain structs with public fields and `with_*` builders, so a backend can read
+//! them field by field and a caller can write them in one expression:
+//!
+//! ```
+//! use coord_api::{GetRequest, PutRequest, LeaseId};
+//! let put = PutRequest::new("hosts/a", "10.0.0.1").with_lease(LeaseId(7)).with_prev_kv();
+//! let get = GetRequest::prefix("hosts/").with_limit(10);
+//! # let _ = (put, get);
+//! ```
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::types::{Event, KeyRange, KeyValue, LeaseId};
+
+/// Read one key or a prefix, at the latest or a past revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GetRequest {
+    /// The keys to read.
+    pub range: KeyRange,
+    /// Read at this revision instead of the latest; it must not be compacted or in the future.
+    pub revision: Option<i64>,
+    /// Return at most this many keys (in key order); `count` still counts them all.
+    pub limit: Option<u64>,
+}
+
+impl GetRequest {
+    /// Read one key.
+    pub fn key(key: impl Into<Vec<u8>>) -> Self {
+        Self::range(KeyRange::Key(Bytes::from(key.into())))
+    }
+
+    /// Read every key with this prefix.
+    pub fn prefix(prefix: impl Into<Vec<u8>>) -> Self {
+        Self::range(KeyRange::Prefix(Bytes::from(prefix.into())))
+    }
+
+    /// Read a [`KeyRange`].
+    pub fn range(range: KeyRange) -> Self {
+        GetRequest {
+            range,
+            revision: None,
+            limit: None,
+        }
+    }
+
+    /// Read at a past revision.
+    pub fn with_revision(mut self, revision: i64) -> Self {
+        self.revision = Some(revision);
+        self
+    }
+
+    /// Return at most `limit` keys.
+    pub fn with_limit(mut self, limit: u64) -> Self {
+        self.limit = Some(limit);
+        self
+    }
+}
+
+/// What a get returns.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct GetResponse {
+    /// The store's revision when it served the read (the latest, even for a read at a past
+    /// revision, as etcd reports it).
+    pub revision: i64,
+    /// The keys found, in key order, at most `limit` of them.
+    pub kvs: Vec<KeyValue>,
+    /// How many keys the range holds, regardless of `limit`.
+    pub count: u64,
+    /// True when `limit` cut the result short.
+    pub more: bool,
+}
+
+/// Write one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutRequest {
+    /// The key; must not be empty.
+    pub key: Bytes,
+    /// The value; may be empty.
+    pub value: Bytes,
+    /// Attach the key to this lease: it is deleted when the lease ends. `None` detaches it.
+    pub lease: Option<LeaseId>,
+    /// Return the key as it was before this write.
+    pub prev_kv: bool,
+}
+
+impl PutRequest {
+    /// Write `value` at `key`.
+    pub fn new(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
+        PutRequest {
+            key: Bytes::from(key.into()),
+            value: Bytes::from(value.into()),
+            lease: None,
+            prev_kv: false,
+        }
+    }
+
+    /// Attach the key to a lease.
+    pub fn with_lease(mut self, lease: LeaseId) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Return the previous value.
+    pub fn with_prev_kv(mut self) -> Self {
+        self.prev_kv = true;
+        self
+    }
+}
+
+/// What a put returns.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PutResponse {
+    /// The revision of this write.
+    pub revision: i64,
+    /// The key before the write, if asked for and it existed.
+    pub prev_kv: Option<KeyValue>,
+}
+
+/// Delete one key or a prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeleteRequest {
+    /// The keys to delete.
+    pub range: KeyRange,
+    /// Return the deleted keys.
+    pub prev_kv: bool,
+}
+
+impl DeleteRequest {
+    /// Delete one key.
+    pub fn key(key: impl Into<Vec<u8>>) -> Self {
+        Self::range(KeyRange::Key(Bytes::from(key.into())))
+    }
+
+    /// Delete every key with this prefix.
+    pub fn prefix(prefix: impl Into<Vec<u8>>) -> Self {
+        Self::range(KeyRange::Prefix(Bytes::from(prefix.into())))
+    }
+
+    /// Delete a [`KeyRange`].
+    pub fn range(range: KeyRange) -> Self {
+        DeleteRequest {
+            range,
+            prev_kv: false,
+        }
+    }
+
+    /// Return the deleted keys.
+    pub fn with_prev_kv(mut self) -> Self {
+        self.prev_kv = true;
+        self
+    }
+}
+
+/// What a delete returns.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeleteResponse {
+    /// The revision of this delete; the unchanged current revision when nothing was deleted.
+    pub revision: i64,
+    /// How many keys were deleted.
+    pub deleted: u64,
+    /// The deleted keys, if asked for.
+    pub prev_kvs: Vec<KeyValue>,
+}
+
+/// How a [`Compare`] relates the stored field to the given one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CompareOp {
+    /// stored == given
+    Equal,
+    /// stored != given
+    NotEqual,
+    /// stored > given
+    Greater,
+    /// stored < given
+    Less,
+}
+
+/// Which field of a key a [`Compare`] looks at, and the value to compare it with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CompareTarget {
+    /// The value (bytewise). A missing key fails every value compare, even `NotEqual`, as in etcd.
+    Value(Bytes),
+    /// The version; a missing key has version 0.
+    Version(i64),
+    /// The create revision; a missing key has 0.
+    CreateRevision(i64),
+    /// The mod revision; a missing key has 0.
+    ModRevision(i64),
+    /// The attached lease; a missing or detached key has [`LeaseId::NONE`].
+    Lease(LeaseId),
+}
+
+/// One condition of a transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compare {
+    /// The key compared.
+    pub key: Bytes,
+    /// The relation.
+    pub op: CompareOp,
+    /// The field and the value it is compared with.
+    pub target: CompareTarget,
+}
+
+impl Compare {
+    fn new(key: impl Into<Vec<u8>>, op: CompareOp, target: CompareTarget) -> Self {
+        Compare {
+            key: Bytes::from(key.into()),
+            op,
+            target,
+        }
+    }
+
+    /// Compare the key's value.
+    pub fn value(key: impl Into<Vec<u8>>, op: CompareOp, value: impl Into<Vec<u8>>) -> Self {
+        Self::new(key, op, CompareTarget::Value(Bytes::from(value.into())))
+    }
+
+    /// Compare the key's version (0 when missing).
+    pub fn version(key: impl Into<Vec<u8>>, op: CompareOp, version: i64) -> Self {
+        Self::new(key, op, CompareTarget::Version(version))
+    }
+
+    /// Compare the key's create revision (0 when missing).
+    pub fn create_revision(key: impl Into<Vec<u8>>, op: CompareOp, revision: i64) -> Self {
+        Self::new(key, op, CompareTarget::CreateRevision(revision))
+    }
+
+    /// Compare the key's mod revision (0 when missing).
+    pub fn mod_revision(key: impl Into<Vec<u8>>, op: CompareOp, revision: i64) -> Self {
+        Self::new(key, op, CompareTarget::ModRevision(revision))
+    }
+
+    /// Compare the key's lease ([`LeaseId::NONE`] when missing or detached).
+    pub fn lease(key: impl Into<Vec<u8>>, op: CompareOp, lease: LeaseId) -> Self {
+        Self::new(key, op, CompareTarget::Lease(lease))
+    }
+}
+
+/// One operation in a transaction branch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxnOp {
+    /// A read; it sees the writes made earlier in the same branch.
+    Get(GetRequest),
+    /// A write.
+    Put(PutRequest),
+    /// A delete.
+    Delete(DeleteRequest),
+}
+
+impl From<GetRequest> for TxnOp {
+    fn from(r: GetRequest) -> Self {
+        TxnOp::Get(r)
+    }
+}
+
+impl From<PutRequest> for TxnOp {
+    fn from(r: PutRequest) -> Self {
+        TxnOp::Put(r)
+    }
+}
+
+impl From<DeleteRequest> for TxnOp {
+    fn from(r: DeleteRequest) -> Self {
+        TxnOp::Delete(r)
+    }
+}
+
+/// An atomic if/then/else: when every compare holds, run `success`, else `failure`. All writes
+/// of the branch that runs share one revision.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TxnRequest {
+    /// The conditions, all of which must hold.
+    pub compares: Vec<Compare>,
+    /// Run when every compare holds.
+    pub success: Vec<TxnOp>,
+    /// Run otherwise.
+    pub failure: Vec<TxnOp>,
+}
+
+impl TxnRequest {
+    /// An empty transaction (it succeeds and does nothing).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Set the conditions.
+    pub fn when(mut self, compares: impl IntoIterator<Item = Compare>) -> Self {
+        self.compares = compares.into_iter().collect();
+        self
+    }
+
+    /// Set the operations run when every condition holds.
+    pub fn and_then<O: Into<TxnOp>>(mut self, ops: impl IntoIterator<Item = O>) -> Self {
+        self.success = ops.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Set the operations run otherwise.
+    pub fn or_else<O: Into<TxnOp>>(mut self, ops: impl IntoIterator<Item = O>) -> Self {
+        self.failure = ops.into_iter().map(Into::into).collect();
+        self
+    }
+}
+
+/// The response to one [`TxnOp`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxnOpResponse {
+    /// From a [`TxnOp::Get`].
+    Get(GetResponse),
+    /// From a [`TxnOp::Put`].
+    Put(PutResponse),
+    /// From a [`TxnOp::Delete`].
+    Delete(DeleteResponse),
+}
+
+impl TxnOpResponse {
+    /// The get response, if this is one.
+    pub fn as_get(&self) -> Option<&GetResponse> {
+        match self {
+            TxnOpResponse::Get(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+/// What a transaction returns.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TxnResponse {
+    /// The store revision after the transaction (unchanged when it wrote nothing).
+    pub revision: i64,
+    /// Whether every compare held (so `success` ran).
+    pub succeeded: bool,
+    /// One response per operation of the branch that ran, in order.
+    pub responses: Vec<TxnOpResponse>,
+}
+
+/// A lease as granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseGrant {
+    /// The lease's id.
+    pub id: LeaseId,
+    /// The TTL the store granted: the request rounded up to whole seconds, raised to the
+    /// store's minimum.
+    pub ttl: Duration,
+}
+
+/// A live lease's remaining time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseTimeToLive {
+    /// The lease.
+    pub id: LeaseId,
+    /// Time left before it expires, in whole seconds rounded down (as etcd reports it).
+    pub ttl: Duration,
+    /// The TTL it was granted with.
+    pub granted_ttl: Duration,
+    /// The keys attached to it, in key order.
+    pub keys: Vec<Bytes>,
+}
+
+/// Watch one key or a prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchRequest {
+    /// The keys to watch.
+    pub range: KeyRange,
+    /// The first revision to deliver. `None` starts after the current revision. A revision
+    /// older than the compaction point ends the stream with [`Error::Compacted`](crate::Error::Compacted).
+    pub start_revision: Option<i64>,
+    /// Attach each event's previous value.
+    pub prev_kv: bool,
+    /// Send an empty [`WatchResponse`] (a progress notification) when the watch has been idle
+    /// for the store's progress interval.
+    pub progress_notify: bool,
+}
+
+impl WatchRequest {
+    /// Watch one key.
+    pub fn key(key: impl Into<Vec<u8>>) -> Self {
+        Self::range(KeyRange::Key(Bytes::from(key.into())))
+    }
+
+    /// Watch every key with this prefix.
+    pub fn prefix(prefix: impl Into<Vec<u8>>) -> Self {
+        Self::range(KeyRange::Prefix(Bytes::from(prefix.into())))
+    }
+
+    /// Watch a [`KeyRange`].
+    pub fn range(range: KeyRange) -> Self {
+        WatchRequest {
+            range,
+            start_revision: None,
+            prev_kv: false,
+            progress_notify: false,
+        }
+    }
+
+    /// Start at this revision (inclusive).
+    pub fn with_start_revision(mut self, revision: i64) -> Self {
+        self.start_revision = Some(revision);
+        self
+    }
+
+    /// Attach previous values.
+    pub fn with_prev_kv(mut self) -> Self {
+        self.prev_kv = true;
+        self
+    }
+
+    /// Ask for progress notifications.
+    pub fn with_progress_notify(mut self) -> Self {
+        self.progress_notify = true;
+        self
+    }
+}
+
+/// One batch from a watch: the events of one or more whole revisions, in revision order.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct WatchResponse {
+    /// The store's revision when the batch was sent. For a progress notification: every event
+    /// up to this revision has been delivered.
+    pub revision: i64,
+    /// The events; empty for a progress notification.
+    pub events: Vec<Event>,
+}
+
+impl WatchResponse {
+    /// True for a progress notification (no events).
+    pub fn is_progress_notify(&self) -> bool {
+        self.events.is_empty()
+    }
+}

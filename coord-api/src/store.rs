@@ -1,0 +1,354 @@
+//! The [`KvLeaseStore`] trait: the one contract every backend implements.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+
+use crate::election::{self, LeaderKey};
+use crate::error::Result;
+use crate::request::{
+    DeleteRequest, DeleteResponse, GetRequest, GetResponse, LeaseGrant, LeaseTimeToLive,
+    PutRequest, PutResponse, TxnRequest, TxnResponse, WatchRequest, WatchResponse,
+};
+use crate::types::{KeyValue, LeaseId, Limits};
+
+/// A stream of watch batches; see [`KvLeaseStore::watch`].
+pub type WatchStream = BoxStream<'static, Result<WatchResponse>>;
+
+/// A stream of leaders; see [`KvLeaseStore::observe`].
+pub type LeaderStream = BoxStream<'static, Result<KeyValue>>;
+
+/// The trait object every recipe takes.
+pub type DynKvLeaseStore = dyn KvLeaseStore;
+
+/// A key-value store with revisions, transactions, leases, watches and compaction, with etcd
+/// v3's semantics as the reference, plus etcd-style elections built on those primitives.
+///
+/// # Contract
+///
+/// * **Revisions.** The store has one revision counter. Every transaction that writes
+///   (a put, a delete that deletes something, a revoke or expiry that deletes keys) advances it
+///   by exactly one, whatever the number of keys written; reads, lease calls and writes that
+///   change nothing leave it alone. Every response carries the revision it was served at.
+/// * **Keys** carry a create revision, a mod revision, a version (1 on creation, +1 per write,
+///   reset by a delete) and a lease.
+/// * **Leases** expire no earlier than their TTL after their last renewal, and at most
+///   [`Limits::expiry_granularity`] later (real etcd may extend them across its own leader
+///   changes). Expiry or revocation deletes every attached key in one revision, with one delete
+///   event each.
+/// * **Watches** deliver events in revision order, every event of a revision in the same batch,
+///   none twice, none skipped, from the start revision inclusive.
+/// * **Bad input** is refused with [`Error::InvalidArgument`](crate::Error::InvalidArgument)
+///   before anything is sent; backends call [`crate::validate`] for that.
+///
+/// # Cancellation
+///
+/// Dropping a returned future is always safe, but a dropped write may still apply (it may
+/// already be on its way). A dropped [`campaign`](KvLeaseStore::campaign) deletes its candidate
+/// key in the background. Dropping a [`WatchStream`] cancels the watch.
+///
+/// # Wrappers
+///
+/// A wrapper store (retries, tracing, metrics) must forward *every* method, including the
+/// provided election methods, or it silently changes the backend's election behaviour.
+///
+/// # Example
+///
+/// ```no_run
+/// # use std::sync::Arc;
+/// # use coord_api::{DynKvLeaseStore, GetRequest, PutRequest, Result};
+/// # async fn run(store: Arc<DynKvLeaseStore>) -> Result<()> {
+/// let lease = store.grant(std::time::Duration::from_secs(10)).await?;
+/// store.put(PutRequest::new("hosts/a", "10.0.0.1:80").with_lease(lease.id)).await?;
+/// let hosts = store.get(GetRequest::prefix("hosts/")).await?;
+/// println!("{} hosts at revision {}", hosts.count, hosts.revision);
+/// # Ok(()) }
+/// ```
+#[async_trait]
+pub trait KvLeaseStore: fmt::Debug + Send + Sync + 'static {
+    /// A short, stable name for errors and traces ("etcd", "sim").
+    fn backend(&self) -> &'static str;
+
+    /// What the store accepts and how its time behaves.
+    fn limits(&self) -> Limits;
+
+    /// Another handle to the same store that may outlive `&self`. The provided election
+    /// methods use it to finish clean-up after a cancelled campaign and to drive
+    /// [`observe`](KvLeaseStore::observe) streams.
+    fn shared(&self) -> Arc<DynKvLeaseStore>;
+
+    /// Reads one key or a prefix.
+    ///
+    /// # Behavior
+    /// * Keys come back in key order; a missing key gives an empty `kvs`, not an error.
+    /// * With `revision`, reads the store as it was just after that revision.
+    /// * With `limit`, returns at most that many keys; `count` counts them all, `more` says so.
+    ///
+    /// # Errors
+    /// [`InvalidArgument`](crate::Error::InvalidArgument) for an empty key;
+    /// [`Compacted`](crate::Error::Compacted) for a revision below the compaction point;
+    /// [`FutureRevision`](crate::Error::FutureRevision) for one not yet written.
+    async fn get(&self, req: GetRequest) -> Result<GetResponse>;
+
+    /// Writes one key, optionally attached to a lease.
+    ///
+    /// # Errors
+    /// [`InvalidArgument`](crate::Error::InvalidArgument) for an empty key or a request over
+    /// [`Limits::max_request_bytes`]; [`LeaseNotFound`](crate::Error::LeaseNotFound) when the
+    /// lease does not exist (nothing is written).
+    async fn put(&self, req: PutRequest) -> Result<PutResponse>;
+
+    /// Deletes one key or a prefix, all in one revision. Deleting nothing is not an error and
+    /// does not advance the revision.
+    ///
+    /// # Errors
+    /// [`InvalidArgument`](crate::Error::InvalidArgument) for an empty key.
+    async fn delete(&self, req: DeleteRequest) -> Result<DeleteResponse>;
+
+    /// Runs an atomic if/then/else. The branch's operations run in order, each read seeing the
+    /// branch's earlier writes; all its writes share one revision.
+    ///
+    /// # Errors
+    /// As for each operation, failing the whole transaction (nothing applied);
+    /// [`InvalidArgument`](crate::Error::InvalidArgument) when a branch writes a key twice.
+    async fn txn(&self, req: TxnRequest) -> Result<TxnResponse>;
+
+    /// Grants a lease. The TTL is rounded up to whole seconds and raised to
+    /// [`Limits::min_lease_ttl`]; the response says what was granted.
+    ///
+    /// # Errors
+    /// [`InvalidArgument`](crate::Error::InvalidArgument) for a zero TTL or one above
+    /// [`Limits::max_lease_ttl`].
+    async fn grant(&self, ttl: Duration) -> Result<LeaseGrant>;
+
+    /// Revokes a lease, deleting its keys in one revision. Returns the store revision after.
+    ///
+    /// # Errors
+    /// [`LeaseNotFound`](crate::Error::LeaseNotFound) when it is already gone.
+    async fn revoke(&self, lease: LeaseId) -> Result<i64>;
+
+    /// Reports a lease's remaining time and keys.
+    ///
+    /// # Errors
+    /// [`LeaseNotFound`](crate::Error::LeaseNotFound) when it is gone.
+    async fn time_to_live(&self, lease: LeaseId) -> Result<LeaseTimeToLive>;
+
+    /// Opens a keep-alive channel for a lease. Opening sends nothing; each
+    /// [`KeepAlive::renew`] sends one renewal. The caller decides when to renew.
+    async fn keep_alive(&self, lease: LeaseId) -> Result<Box<dyn KeepAlive>>;
+
+    /// Watches one key or a prefix.
+    ///
+    /// The watch is registered when this returns: every write after that is delivered.
+    ///
+    /// # Stream items
+    /// * `Ok(batch)`: the events of one or more whole revisions, or (with `progress_notify`)
+    ///   an empty progress notification.
+    /// * `Err(Compacted)`: the start revision is below the compaction point; the stream ends.
+    /// * `Err(StreamClosed)`: the connection was lost; the stream ends. Resume from the last
+    ///   revision seen + 1.
+    ///
+    /// # Errors
+    /// [`InvalidArgument`](crate::Error::InvalidArgument) for an empty key.
+    async fn watch(&self, req: WatchRequest) -> Result<WatchStream>;
+
+    /// Discards history before `revision`: reads and watches below it fail with
+    /// [`Compacted`](crate::Error::Compacted). Current values are kept.
+    ///
+    /// # Errors
+    /// [`Compacted`](crate::Error::Compacted) when `revision` is at or below the compaction
+    /// point already; [`FutureRevision`](crate::Error::FutureRevision) when it is above the
+    /// current revision.
+    async fn compact(&self, revision: i64) -> Result<()>;
+
+    /// Campaigns in election `name` with `value`, under `lease`, and returns once this
+    /// candidate leads.
+    ///
+    /// The algorithm is etcd's Go `concurrency.Election`, so coord and Go clients on the same
+    /// name share one queue: the candidate key is `name/<lease hex>`, candidates queue by
+    /// create revision, and each waits for the deletion of the candidate just before it.
+    /// Unlike etcd 3.4's server-side election, it then confirms in one read that its own key
+    /// still stands and is first; and it watches its own key while waiting, so a candidate
+    /// whose lease dies gets [`CandidacyLost`](crate::Error::CandidacyLost), never a
+    /// leadership.
+    ///
+    /// Campaigning again with a key that already exists (same lease) rejoins at its place,
+    /// updating the value if it differs.
+    ///
+    /// # Cancellation
+    /// Dropping the future deletes the candidate key (if it is still ours) in the background.
+    ///
+    /// # Errors
+    /// [`InvalidArgument`](crate::Error::InvalidArgument) for a malformed name;
+    /// [`LeaseNotFound`](crate::Error::LeaseNotFound) when the lease is gone to begin with;
+    /// [`CandidacyLost`](crate::Error::CandidacyLost) as above.
+    async fn campaign(&self, name: &str, value: Bytes, lease: LeaseId) -> Result<LeaderKey> {
+        election::campaign(self, name, value, lease).await
+    }
+
+    /// Replaces the leader's value, only if `leader` still leads (its key still has the same
+    /// create revision).
+    ///
+    /// # Errors
+    /// [`NotLeader`](crate::Error::NotLeader) otherwise.
+    async fn proclaim(&self, leader: &LeaderKey, value: Bytes) -> Result<()> {
+        election::proclaim(self, leader, value).await
+    }
+
+    /// The current leader's key and value: the candidate with the lowest create revision.
+    ///
+    /// # Errors
+    /// [`NoLeader`](crate::Error::NoLeader) when there is no candidate.
+    async fn leader(&self, name: &str) -> Result<KeyValue> {
+        election::leader(self, name).await
+    }
+
+    /// Streams the election's leader: the current one first (once there is one), then each
+    /// new leader and each proclaimed value. Like etcd's, it reports the leader as it sees it
+    /// when it looks, not every intermediate leader.
+    async fn observe(&self, name: &str) -> Result<LeaderStream> {
+        election::observe(self.shared(), name)
+    }
+
+    /// Gives up leadership (or a place in the queue) by deleting the key, only if it is still
+    /// this one (same create revision). Resigning twice, or after the key is gone, is `Ok`.
+    async fn resign(&self, leader: &LeaderKey) -> Result<()> {
+        election::resign(self, leader).await
+    }
+}
+
+/// A keep-alive channel for one lease, from [`KvLeaseStore::keep_alive`].
+///
+/// The backend never renews on its own: the caller (the Session recipe) decides when, and
+/// measures its local deadline from the moment it called `renew`.
+#[async_trait]
+pub trait KeepAlive: fmt::Debug + Send {
+    /// The lease this channel renews.
+    fn lease(&self) -> LeaseId;
+
+    /// Sends one renewal and waits for its answer: the TTL the lease now has.
+    ///
+    /// # Errors
+    /// [`LeaseNotFound`](crate::Error::LeaseNotFound) when the lease is gone (the channel
+    /// stays usable but the lease will not come back);
+    /// [`StreamClosed`](crate::Error::StreamClosed) when the channel itself died: open a new
+    /// one, the lease may still live.
+    async fn renew(&mut self) -> Result<Duration>;
+}
+
+macro_rules! forward_impl {
+    ($ptr:ty) => {
+        #[deny(clippy::missing_trait_methods)]
+        #[async_trait]
+        impl<T: KvLeaseStore + ?Sized> KvLeaseStore for $ptr {
+            fn backend(&self) -> &'static str {
+                (**self).backend()
+            }
+            fn limits(&self) -> Limits {
+                (**self).limits()
+            }
+            fn shared(&self) -> Arc<DynKvLeaseStore> {
+                (**self).shared()
+            }
+            async fn get(&self, req: GetRequest) -> Result<GetResponse> {
+                (**self).get(req).await
+            }
+            async fn put(&self, req: PutRequest) -> Result<PutResponse> {
+                (**self).put(req).await
+            }
+            async fn delete(&self, req: DeleteRequest) -> Result<DeleteResponse> {
+                (**self).delete(req).await
+            }
+            async fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
+                (**self).txn(req).await
+            }
+            async fn grant(&self, ttl: Duration) -> Result<LeaseGrant> {
+                (**self).grant(ttl).await
+            }
+            async fn revoke(&self, lease: LeaseId) -> Result<i64> {
+                (**self).revoke(lease).await
+            }
+            async fn time_to_live(&self, lease: LeaseId) -> Result<LeaseTimeToLive> {
+                (**self).time_to_live(lease).await
+            }
+            async fn keep_alive(&self, lease: LeaseId) -> Result<Box<dyn KeepAlive>> {
+                (**self).keep_alive(lease).await
+            }
+            async fn watch(&self, req: WatchRequest) -> Result<WatchStream> {
+                (**self).watch(req).await
+            }
+            async fn compact(&self, revision: i64) -> Result<()> {
+                (**self).compact(revision).await
+            }
+            async fn campaign(
+                &self,
+                name: &str,
+                value: Bytes,
+                lease: LeaseId,
+            ) -> Result<LeaderKey> {
+                (**self).campaign(name, value, lease).await
+            }
+            async fn proclaim(&self, leader: &LeaderKey, value: Bytes) -> Result<()> {
+                (**self).proclaim(leader, value).await
+            }
+            async fn leader(&self, name: &str) -> Result<KeyValue> {
+                (**self).leader(name).await
+            }
+            async fn observe(&self, name: &str) -> Result<LeaderStream> {
+                (**self).observe(name).await
+            }
+            async fn resign(&self, leader: &LeaderKey) -> Result<()> {
+                (**self).resign(leader).await
+            }
+        }
+    };
+}
+
+forward_impl!(Arc<T>);
+forward_impl!(Box<T>);
+
+/// Conveniences over [`KvLeaseStore`] for the common single-key cases. Implemented for every
+/// store; you MUST NOT implement it yourself.
+#[async_trait]
+pub trait KvLeaseStoreExt: KvLeaseStore {
+    /// Reads one key: `None` when it does not exist.
+    async fn get_key(&self, key: impl Into<Vec<u8>> + Send) -> Result<Option<KeyValue>> {
+        Ok(self.get(GetRequest::key(key)).await?.kvs.into_iter().next())
+    }
+
+    /// Reads every key with a prefix.
+    async fn get_prefix(&self, prefix: impl Into<Vec<u8>> + Send) -> Result<GetResponse> {
+        self.get(GetRequest::prefix(prefix)).await
+    }
+
+    /// Writes one key without a lease; returns the write's revision.
+    async fn put_value(
+        &self,
+        key: impl Into<Vec<u8>> + Send,
+        value: impl Into<Vec<u8>> + Send,
+    ) -> Result<i64> {
+        Ok(self.put(PutRequest::new(key, value)).await?.revision)
+    }
+
+    /// Deletes one key; returns how many keys were deleted (0 or 1).
+    async fn delete_key(&self, key: impl Into<Vec<u8>> + Send) -> Result<u64> {
+        Ok(self.delete(DeleteRequest::key(key)).await?.deleted)
+    }
+
+    /// The store's current revision.
+    async fn current_revision(&self) -> Result<i64> {
+        // Any read reports the current revision; a one-byte key that nobody is expected to
+        // use keeps the response empty.
+        Ok(self.get(GetRequest::key(vec![0u8])).await?.revision)
+    }
+}
+
+impl<T: KvLeaseStore + ?Sized> KvLeaseStoreExt for T {}
+
+/// Fails to compile if [`KvLeaseStore`] stops being dyn-compatible.
+#[allow(dead_code)]
+fn assert_dyn_compatible(_: &DynKvLeaseStore) {}

@@ -1,0 +1,615 @@
+//! The store itself: a pure, synchronous state machine with etcd 3.4's semantics.
+//!
+//! Nothing here awaits, spawns, or reads a clock: every operation takes `now` from its caller
+//! and returns its result, and watch deliveries are queued in an outbox that the front
+//! (in-process [`SimStore`](crate::SimStore), or a gRPC server later) drains while it still
+//! holds the lock, so deliveries keep commit order. Every collection is ordered, so nothing
+//! observable depends on hash order.
+//!
+//! The model, with etcd's behaviour as the reference:
+//! * The store starts at revision 1, as a fresh etcd does. A write transaction that changes
+//!   something advances the revision by one; everything else leaves it alone.
+//! * Each key keeps its versions (MVCC) until compaction; a read at a past revision takes, for
+//!   each key, the last version at or before it.
+//! * Each revision's events are kept until compaction, for watches that start in the past.
+//! * A lease's keys are deleted in one revision when it is revoked or expires; leases expire
+//!   one at a time, each in its own revision, oldest deadline first.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use bytes::Bytes;
+use coord_api::{
+    Compare, CompareOp, CompareTarget, DeleteRequest, DeleteResponse, Error, Event, EventKind,
+    GetRequest, GetResponse, KeyRange, KeyValue, LeaseGrant, LeaseId, LeaseTimeToLive, PutRequest,
+    PutResponse, Result, TxnOp, TxnOpResponse, TxnRequest, TxnResponse, WatchRequest,
+    WatchResponse,
+};
+use tokio::time::Instant;
+
+/// One version of a key in its history.
+#[derive(Debug, Clone)]
+enum Version {
+    Live(KeyValue),
+    /// Deleted at this revision.
+    Tombstone(i64),
+}
+
+impl Version {
+    fn revision(&self) -> i64 {
+        match self {
+            Version::Live(kv) => kv.mod_revision,
+            Version::Tombstone(rev) => *rev,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Lease {
+    ttl: Duration,
+    deadline: Instant,
+    keys: BTreeSet<Bytes>,
+}
+
+#[derive(Debug, Clone)]
+struct Watcher {
+    range: KeyRange,
+    prev_kv: bool,
+    /// The first revision this watcher has not been sent yet.
+    next_revision: i64,
+}
+
+/// An identifier for a registered watch, unique within one [`State`].
+pub type WatchId = u64;
+
+/// A batch (or the terminal error) for one watch, queued by a write.
+#[derive(Debug)]
+pub struct Delivery {
+    /// The watch it is for.
+    pub watch: WatchId,
+    /// What to deliver. An `Err` ends the watch.
+    pub item: Result<WatchResponse>,
+}
+
+/// The state machine. See the module docs.
+#[derive(Debug)]
+pub struct State {
+    revision: i64,
+    compact_revision: i64,
+    keys: BTreeMap<Bytes, Vec<Version>>,
+    log: BTreeMap<i64, Vec<Event>>,
+    leases: BTreeMap<LeaseId, Lease>,
+    deadlines: BTreeSet<(Instant, LeaseId)>,
+    lease_rng: u64,
+    watchers: BTreeMap<WatchId, Watcher>,
+    next_watch: WatchId,
+    outbox: Vec<Delivery>,
+    min_ttl: Duration,
+}
+
+/// A write transaction in progress: the revision it will commit at, and its events.
+struct Pending {
+    revision: i64,
+    events: Vec<Event>,
+}
+
+impl State {
+    /// An empty store at revision 1. Lease ids are drawn from `seed`; `min_ttl` is the
+    /// shortest TTL granted.
+    pub fn new(seed: u64, min_ttl: Duration) -> Self {
+        State {
+            revision: 1,
+            compact_revision: 0,
+            keys: BTreeMap::new(),
+            log: BTreeMap::new(),
+            leases: BTreeMap::new(),
+            deadlines: BTreeSet::new(),
+            lease_rng: seed,
+            watchers: BTreeMap::new(),
+            next_watch: 0,
+            outbox: Vec::new(),
+            min_ttl,
+        }
+    }
+
+    /// The current revision.
+    pub fn revision(&self) -> i64 {
+        self.revision
+    }
+
+    /// The compaction point (0 before any compaction).
+    pub fn compact_revision(&self) -> i64 {
+        self.compact_revision
+    }
+
+    /// Takes the deliveries queued since the last call, in commit order.
+    pub fn take_outbox(&mut self) -> Vec<Delivery> {
+        std::mem::take(&mut self.outbox)
+    }
+
+    /// The earliest lease deadline, if any lease lives.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.first().map(|(at, _)| *at)
+    }
+
+    // ---- reads -------------------------------------------------------------------------
+
+    fn check_read_revision(&self, rev: i64) -> Result<()> {
+        if rev > 0 && rev < self.compact_revision {
+            return Err(Error::Compacted {
+                requested: rev,
+                compact_revision: self.compact_revision,
+            });
+        }
+        if rev > self.revision {
+            return Err(Error::FutureRevision {
+                requested: rev,
+                current: self.revision,
+            });
+        }
+        Ok(())
+    }
+
+    fn versions_in<'a>(
+        &'a self,
+        range: &'a KeyRange,
+    ) -> Box<dyn Iterator<Item = (&'a Bytes, &'a Vec<Version>)> + 'a> {
+        match range {
+            KeyRange::Key(k) => Box::new(self.keys.get_key_value(k).into_iter()),
+            KeyRange::Prefix(p) => Box::new(
+                self.keys
+                    .range::<[u8], _>((
+                        std::ops::Bound::Included(p.as_ref()),
+                        std::ops::Bound::Unbounded,
+                    ))
+                    .take_while(move |(k, _)| k.starts_with(p)),
+            ),
+        }
+    }
+
+    /// The live value of a key as of `rev` (the latest when `rev` is `None`).
+    fn value_at(versions: &[Version], rev: Option<i64>) -> Option<&KeyValue> {
+        let v = match rev {
+            None => versions.last(),
+            Some(r) => versions.iter().rev().find(|v| v.revision() <= r),
+        };
+        match v {
+            Some(Version::Live(kv)) => Some(kv),
+            _ => None,
+        }
+    }
+
+    fn current(&self, key: &[u8]) -> Option<&KeyValue> {
+        self.keys.get(key).and_then(|v| Self::value_at(v, None))
+    }
+
+    fn range(&self, req: &GetRequest, header: i64) -> GetResponse {
+        let rev = req.revision.filter(|r| *r > 0);
+        let mut kvs: Vec<KeyValue> = self
+            .versions_in(&req.range)
+            .filter_map(|(_, versions)| Self::value_at(versions, rev).cloned())
+            .collect();
+        let count = kvs.len() as u64;
+        let mut more = false;
+        if let Some(limit) = req.limit.filter(|l| *l > 0) {
+            if kvs.len() as u64 > limit {
+                kvs.truncate(limit as usize);
+                more = true;
+            }
+        }
+        GetResponse {
+            revision: header,
+            kvs,
+            count,
+            more,
+        }
+    }
+
+    /// Reads a key or a prefix.
+    pub fn get(&mut self, now: Instant, req: &GetRequest) -> Result<GetResponse> {
+        self.expire(now);
+        if let Some(rev) = req.revision {
+            self.check_read_revision(rev)?;
+        }
+        Ok(self.range(req, self.revision))
+    }
+
+    // ---- writes ------------------------------------------------------------------------
+
+    fn begin(&self) -> Pending {
+        Pending {
+            revision: self.revision + 1,
+            events: Vec::new(),
+        }
+    }
+
+    /// The revision a response inside the transaction reports: the pending one once the
+    /// transaction has written something.
+    fn seen_revision(&self, p: &Pending) -> i64 {
+        if p.events.is_empty() {
+            self.revision
+        } else {
+            p.revision
+        }
+    }
+
+    fn apply_put(&mut self, p: &mut Pending, req: &PutRequest) -> PutResponse {
+        let lease = req.lease.unwrap_or(LeaseId::NONE);
+        let prev = self.current(&req.key).cloned();
+        if let Some(old) = prev.as_ref().filter(|kv| !kv.lease.is_none()) {
+            if let Some(l) = self.leases.get_mut(&old.lease) {
+                l.keys.remove(&req.key);
+            }
+        }
+        if let Some(l) = self.leases.get_mut(&lease) {
+            l.keys.insert(req.key.clone());
+        }
+        let kv = KeyValue {
+            key: req.key.clone(),
+            value: req.value.clone(),
+            create_revision: prev.as_ref().map_or(p.revision, |kv| kv.create_revision),
+            mod_revision: p.revision,
+            version: prev.as_ref().map_or(1, |kv| kv.version + 1),
+            lease,
+        };
+        self.keys
+            .entry(req.key.clone())
+            .or_default()
+            .push(Version::Live(kv.clone()));
+        p.events.push(Event {
+            kind: EventKind::Put,
+            kv,
+            prev_kv: prev.clone(),
+        });
+        PutResponse {
+            revision: p.revision,
+            prev_kv: if req.prev_kv { prev } else { None },
+        }
+    }
+
+    fn delete_key(&mut self, p: &mut Pending, key: &Bytes) -> Option<KeyValue> {
+        let prev = self.current(key).cloned()?;
+        if let Some(l) = self.leases.get_mut(&prev.lease) {
+            l.keys.remove(key);
+        }
+        self.keys
+            .get_mut(key)
+            .expect("a live key has a history")
+            .push(Version::Tombstone(p.revision));
+        p.events.push(Event {
+            kind: EventKind::Delete,
+            kv: KeyValue {
+                key: key.clone(),
+                mod_revision: p.revision,
+                ..KeyValue::default()
+            },
+            prev_kv: Some(prev.clone()),
+        });
+        Some(prev)
+    }
+
+    fn apply_delete(&mut self, p: &mut Pending, req: &DeleteRequest) -> DeleteResponse {
+        let live: Vec<Bytes> = self
+            .versions_in(&req.range)
+            .filter(|(_, v)| Self::value_at(v, None).is_some())
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut prev_kvs = Vec::new();
+        for key in &live {
+            if let Some(prev) = self.delete_key(p, key) {
+                prev_kvs.push(prev);
+            }
+        }
+        DeleteResponse {
+            revision: self.seen_revision(p),
+            deleted: live.len() as u64,
+            prev_kvs: if req.prev_kv { prev_kvs } else { Vec::new() },
+        }
+    }
+
+    /// Commits a pending write: advances the revision, logs the events, queues deliveries.
+    fn commit(&mut self, p: Pending) {
+        if p.events.is_empty() {
+            return;
+        }
+        debug_assert_eq!(p.revision, self.revision + 1);
+        self.revision = p.revision;
+        let ids: Vec<WatchId> = self.watchers.keys().copied().collect();
+        for id in ids {
+            let w = &self.watchers[&id];
+            if w.next_revision > p.revision {
+                continue;
+            }
+            let events = Self::matching(w, &p.events);
+            self.watchers.get_mut(&id).expect("listed").next_revision = p.revision + 1;
+            if !events.is_empty() {
+                self.outbox.push(Delivery {
+                    watch: id,
+                    item: Ok(WatchResponse {
+                        revision: p.revision,
+                        events,
+                    }),
+                });
+            }
+        }
+        self.log.insert(p.revision, p.events);
+    }
+
+    fn matching(w: &Watcher, events: &[Event]) -> Vec<Event> {
+        events
+            .iter()
+            .filter(|e| w.range.contains(&e.kv.key))
+            .map(|e| Event {
+                prev_kv: if w.prev_kv { e.prev_kv.clone() } else { None },
+                ..e.clone()
+            })
+            .collect()
+    }
+
+    fn check_lease(&self, lease: Option<LeaseId>) -> Result<()> {
+        match lease {
+            Some(l) if !l.is_none() && !self.leases.contains_key(&l) => {
+                Err(Error::LeaseNotFound { lease: l })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Writes one key.
+    pub fn put(&mut self, now: Instant, req: &PutRequest) -> Result<PutResponse> {
+        self.expire(now);
+        self.check_lease(req.lease)?;
+        let mut p = self.begin();
+        let resp = self.apply_put(&mut p, req);
+        self.commit(p);
+        Ok(resp)
+    }
+
+    /// Deletes a key or a prefix.
+    pub fn delete(&mut self, now: Instant, req: &DeleteRequest) -> Result<DeleteResponse> {
+        self.expire(now);
+        let mut p = self.begin();
+        let resp = self.apply_delete(&mut p, req);
+        self.commit(p);
+        Ok(resp)
+    }
+
+    fn compare(&self, c: &Compare) -> bool {
+        let kv = self.current(&c.key);
+        let ord = match (&c.target, kv) {
+            // A value compare on a missing key always fails (etcd: "nil == empty string in
+            // grpc; no way to represent missing value").
+            (CompareTarget::Value(_), None) => return false,
+            (CompareTarget::Value(v), Some(kv)) => kv.value.as_ref().cmp(v.as_ref()),
+            (CompareTarget::Version(v), kv) => kv.map_or(0, |kv| kv.version).cmp(v),
+            (CompareTarget::CreateRevision(r), kv) => kv.map_or(0, |kv| kv.create_revision).cmp(r),
+            (CompareTarget::ModRevision(r), kv) => kv.map_or(0, |kv| kv.mod_revision).cmp(r),
+            (CompareTarget::Lease(l), kv) => kv.map_or(LeaseId::NONE, |kv| kv.lease).cmp(l),
+        };
+        match c.op {
+            CompareOp::Equal => ord.is_eq(),
+            CompareOp::NotEqual => ord.is_ne(),
+            CompareOp::Greater => ord.is_gt(),
+            CompareOp::Less => ord.is_lt(),
+        }
+    }
+
+    /// Runs a transaction.
+    pub fn txn(&mut self, now: Instant, req: &TxnRequest) -> Result<TxnResponse> {
+        self.expire(now);
+        let succeeded = req.compares.iter().all(|c| self.compare(c));
+        let branch = if succeeded {
+            &req.success
+        } else {
+            &req.failure
+        };
+        // Check everything that can fail before applying anything, as etcd does, so a
+        // failing transaction leaves no trace.
+        for op in branch {
+            match op {
+                TxnOp::Put(put) => self.check_lease(put.lease)?,
+                TxnOp::Get(get) => {
+                    if let Some(rev) = get.revision {
+                        self.check_read_revision(rev)?;
+                    }
+                }
+                TxnOp::Delete(_) => {}
+            }
+        }
+        let mut p = self.begin();
+        let mut responses = Vec::with_capacity(branch.len());
+        for op in branch {
+            responses.push(match op {
+                TxnOp::Get(get) => TxnOpResponse::Get(self.range(get, self.seen_revision(&p))),
+                TxnOp::Put(put) => TxnOpResponse::Put(self.apply_put(&mut p, put)),
+                TxnOp::Delete(del) => TxnOpResponse::Delete(self.apply_delete(&mut p, del)),
+            });
+        }
+        let revision = self.seen_revision(&p);
+        self.commit(p);
+        Ok(TxnResponse {
+            revision,
+            succeeded,
+            responses,
+        })
+    }
+
+    // ---- leases ------------------------------------------------------------------------
+
+    fn next_lease_id(&mut self) -> LeaseId {
+        loop {
+            // splitmix64: ids look like etcd's (large, positive, unordered) yet follow from the seed.
+            self.lease_rng = self.lease_rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.lease_rng;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            let id = LeaseId((z >> 2) as i64);
+            if !id.is_none() && !self.leases.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    /// Grants a lease of `ttl` (already validated and rounded by the caller).
+    pub fn grant(&mut self, now: Instant, ttl: Duration) -> LeaseGrant {
+        self.expire(now);
+        let ttl = ttl.max(self.min_ttl);
+        let id = self.next_lease_id();
+        let deadline = now + ttl;
+        self.leases.insert(
+            id,
+            Lease {
+                ttl,
+                deadline,
+                keys: BTreeSet::new(),
+            },
+        );
+        self.deadlines.insert((deadline, id));
+        LeaseGrant { id, ttl }
+    }
+
+    fn remove_lease(&mut self, id: LeaseId) -> Option<i64> {
+        let lease = self.leases.remove(&id)?;
+        self.deadlines.remove(&(lease.deadline, id));
+        let mut p = self.begin();
+        for key in &lease.keys {
+            self.delete_key(&mut p, key);
+        }
+        self.commit(p);
+        Some(self.revision)
+    }
+
+    /// Revokes a lease; returns the revision after its keys were deleted.
+    pub fn revoke(&mut self, now: Instant, id: LeaseId) -> Result<i64> {
+        self.expire(now);
+        self.remove_lease(id)
+            .ok_or(Error::LeaseNotFound { lease: id })
+    }
+
+    /// Renews a lease to its full TTL.
+    pub fn renew(&mut self, now: Instant, id: LeaseId) -> Result<Duration> {
+        self.expire(now);
+        let lease = self
+            .leases
+            .get_mut(&id)
+            .ok_or(Error::LeaseNotFound { lease: id })?;
+        self.deadlines.remove(&(lease.deadline, id));
+        lease.deadline = now + lease.ttl;
+        self.deadlines.insert((lease.deadline, id));
+        Ok(lease.ttl)
+    }
+
+    /// Reports a lease's remaining time, in whole seconds rounded down, as etcd does.
+    pub fn time_to_live(&mut self, now: Instant, id: LeaseId) -> Result<LeaseTimeToLive> {
+        self.expire(now);
+        let lease = self
+            .leases
+            .get(&id)
+            .ok_or(Error::LeaseNotFound { lease: id })?;
+        let remaining = lease.deadline.saturating_duration_since(now);
+        Ok(LeaseTimeToLive {
+            id,
+            ttl: Duration::from_secs(remaining.as_secs()),
+            granted_ttl: lease.ttl,
+            keys: lease.keys.iter().cloned().collect(),
+        })
+    }
+
+    /// Expires every lease whose deadline is at or before `now`, oldest first, each in its
+    /// own revision.
+    pub fn expire(&mut self, now: Instant) {
+        while let Some(&(deadline, id)) = self.deadlines.first() {
+            if deadline > now {
+                break;
+            }
+            self.remove_lease(id);
+        }
+    }
+
+    // ---- watches and compaction --------------------------------------------------------
+
+    /// Registers a watch. History from the start revision is queued at once, in one batch;
+    /// a compacted start revision queues `Compacted` and registers nothing.
+    pub fn watch(&mut self, now: Instant, req: &WatchRequest) -> WatchId {
+        self.expire(now);
+        let id = self.next_watch;
+        self.next_watch += 1;
+        let start = match req.start_revision {
+            Some(r) if r > 0 => r,
+            _ => self.revision + 1,
+        };
+        if start < self.compact_revision {
+            self.outbox.push(Delivery {
+                watch: id,
+                item: Err(Error::Compacted {
+                    requested: start,
+                    compact_revision: self.compact_revision,
+                }),
+            });
+            return id;
+        }
+        let mut w = Watcher {
+            range: req.range.clone(),
+            prev_kv: req.prev_kv,
+            next_revision: start,
+        };
+        if start <= self.revision {
+            let events: Vec<Event> = self
+                .log
+                .range(start..)
+                .flat_map(|(_, events)| Self::matching(&w, events))
+                .collect();
+            if !events.is_empty() {
+                self.outbox.push(Delivery {
+                    watch: id,
+                    item: Ok(WatchResponse {
+                        revision: self.revision,
+                        events,
+                    }),
+                });
+            }
+            w.next_revision = self.revision + 1;
+        }
+        self.watchers.insert(id, w);
+        id
+    }
+
+    /// Forgets a watch.
+    pub fn cancel_watch(&mut self, id: WatchId) {
+        self.watchers.remove(&id);
+    }
+
+    /// Discards history before `rev`.
+    pub fn compact(&mut self, now: Instant, rev: i64) -> Result<()> {
+        self.expire(now);
+        if rev <= self.compact_revision {
+            return Err(Error::Compacted {
+                requested: rev,
+                compact_revision: self.compact_revision,
+            });
+        }
+        if rev > self.revision {
+            return Err(Error::FutureRevision {
+                requested: rev,
+                current: self.revision,
+            });
+        }
+        self.compact_revision = rev;
+        self.keys.retain(|_, versions| {
+            // Keep the version current at `rev` (unless it is a deletion) and all after it.
+            let keep_from = versions.iter().rposition(|v| v.revision() <= rev);
+            if let Some(i) = keep_from {
+                let first_kept = if matches!(versions[i], Version::Tombstone(_)) {
+                    i + 1
+                } else {
+                    i
+                };
+                versions.drain(..first_kept);
+            }
+            !versions.is_empty()
+        });
+        self.log = self.log.split_off(&rev);
+        Ok(())
+    }
+}
