@@ -4,7 +4,7 @@
 /// its case on the given harness (an expression evaluated afresh for every test, with the
 /// enclosing module's items in scope).
 ///
-/// ```ignore
+/// ```text
 /// coord_api::conformance_tests!(MyHarness::default());
 /// ```
 #[macro_export]

@@ -4,7 +4,7 @@
 //!
 //! A backend runs the whole suite with one line in a test file:
 //!
-//! ```ignore
+//! ```text
 //! coord_api::conformance_tests!(my_backend::TestHarness::default());
 //! ```
 //!
