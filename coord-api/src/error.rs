@@ -131,8 +131,18 @@ pub enum Error {
         source: BoxError,
     },
 
-    /// The store refused the request for a reason not covered above (permissions, an
-    /// unsupported feature, an internal error). Nothing was applied.
+    /// The store refused the credentials (wrong user or password, a client certificate it does
+    /// not trust) or the user lacks permission. Nothing was applied.
+    #[error("permission denied by {backend}: {reason}")]
+    PermissionDenied {
+        /// The backend's name.
+        backend: &'static str,
+        /// What the store said.
+        reason: String,
+    },
+
+    /// The store refused the request for a reason not covered above (an unsupported
+    /// feature, an internal error). Nothing was applied.
     #[error("{backend} rejected {operation}")]
     Rejected {
         /// The backend's name.
@@ -175,6 +185,7 @@ impl Error {
             Error::FutureRevision { .. }
             | Error::NotLeader { .. }
             | Error::CandidacyLost { .. }
+            | Error::PermissionDenied { .. }
             | Error::Rejected { .. } => ErrorClass::Rejected,
             Error::Cancelled { .. } => ErrorClass::Cancelled,
             Error::StreamClosed { .. } | Error::Unavailable { .. } => ErrorClass::Retryable,

@@ -1,0 +1,260 @@
+//! [`EtcdConfig`]: how to reach etcd and how long to wait for it.
+
+use std::time::Duration;
+
+use coord_api::{Error, Limits, Result};
+
+/// TLS settings: the CA that signs etcd's server certificate and, for client-certificate
+/// authentication, this client's certificate and key. All PEM.
+#[derive(Clone, Default)]
+pub struct TlsConfig {
+    pub(crate) ca_pem: Option<Vec<u8>>,
+    pub(crate) identity: Option<(Vec<u8>, Vec<u8>)>,
+    pub(crate) domain: Option<String>,
+}
+
+impl std::fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print key material.
+        f.debug_struct("TlsConfig")
+            .field("ca", &self.ca_pem.as_ref().map(|_| "<pem>"))
+            .field("identity", &self.identity.as_ref().map(|_| "<pem>"))
+            .field("domain", &self.domain)
+            .finish()
+    }
+}
+
+impl TlsConfig {
+    /// TLS with the system's defaults and no client certificate.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Trust servers whose certificate this CA signed.
+    pub fn with_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca_pem = Some(pem.into());
+        self
+    }
+
+    /// Present this certificate and key (client-certificate authentication).
+    pub fn with_identity_pem(mut self, cert: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> Self {
+        self.identity = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// Expect this name in the server's certificate instead of the endpoint's host.
+    pub fn with_domain(mut self, domain: impl Into<String>) -> Self {
+        self.domain = Some(domain.into());
+        self
+    }
+}
+
+/// How an [`EtcdStore`](crate::EtcdStore) reaches etcd.
+///
+/// ```
+/// use std::time::Duration;
+/// use coord_etcd::EtcdConfig;
+/// let config = EtcdConfig::new(["10.0.0.1:2379", "10.0.0.2:2379", "10.0.0.3:2379"])
+///     .with_request_timeout(Duration::from_secs(3))
+///     .with_user("svc", "secret")
+///     .with_require_leader(true);
+/// # let _ = config;
+/// ```
+#[derive(Clone)]
+pub struct EtcdConfig {
+    pub(crate) endpoints: Vec<String>,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) request_timeout: Duration,
+    pub(crate) keep_alive: Option<(Duration, Duration)>,
+    pub(crate) tls: Option<TlsConfig>,
+    pub(crate) user: Option<(String, String)>,
+    pub(crate) require_leader: bool,
+    pub(crate) limits: Limits,
+}
+
+impl std::fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &self.endpoints)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("keep_alive", &self.keep_alive)
+            .field("tls", &self.tls)
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .field("require_leader", &self.require_leader)
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+impl EtcdConfig {
+    /// Endpoints as `host:port` or `http(s)://host:port`; every member of the cluster, so a
+    /// dead member does not stop the client. Defaults: connect timeout 2 s, request timeout
+    /// 5 s, HTTP/2 keep-alive every 2 s with a 2 s timeout (so a dead connection is noticed
+    /// within seconds, not minutes), require-leader off, etcd's default limits.
+    pub fn new<S: AsRef<str>>(endpoints: impl IntoIterator<Item = S>) -> Self {
+        EtcdConfig {
+            endpoints: endpoints
+                .into_iter()
+                .map(|e| e.as_ref().to_owned())
+                .collect(),
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(5),
+            keep_alive: Some((Duration::from_secs(2), Duration::from_secs(2))),
+            tls: None,
+            user: None,
+            require_leader: false,
+            limits: Limits::ETCD_DEFAULTS,
+        }
+    }
+
+    /// How long to wait for a TCP (and TLS) connection to one endpoint.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long one call may take, retries included. A write that times out is reported as
+    /// [`Error::Indeterminate`].
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// HTTP/2 pings: send one every `interval`, give up on the connection after `timeout`
+    /// without an answer. `None` turns them off (a dead connection then goes unnoticed
+    /// until the OS gives up on it).
+    pub fn with_keep_alive(mut self, ping: Option<(Duration, Duration)>) -> Self {
+        self.keep_alive = ping;
+        self
+    }
+
+    /// Connect over TLS.
+    pub fn with_tls(mut self, tls: TlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Authenticate as this user.
+    pub fn with_user(mut self, name: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some((name.into(), password.into()));
+        self
+    }
+
+    /// Ask etcd to refuse requests (and end watches) while the member has no leader, so a
+    /// client on a partitioned member fails over instead of reading stale data or hanging.
+    pub fn with_require_leader(mut self, on: bool) -> Self {
+        self.require_leader = on;
+        self
+    }
+
+    /// The cluster's limits, when it does not run with etcd's defaults (for example a
+    /// shorter election timeout lowers the minimum TTL; a progress-notify interval set with
+    /// `--experimental-watch-progress-notify-interval`).
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Checks the configuration without connecting.
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.endpoints.is_empty() {
+            return Err(Error::invalid("etcd config: no endpoints"));
+        }
+        for e in &self.endpoints {
+            let rest = e
+                .strip_prefix("http://")
+                .or_else(|| e.strip_prefix("https://"))
+                .unwrap_or(e);
+            let valid = rest
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if !valid {
+                return Err(Error::invalid(format!(
+                    "etcd config: endpoint {e:?} is not host:port or http(s)://host:port"
+                )));
+            }
+            if e.starts_with("https://") && self.tls.is_none() {
+                return Err(Error::invalid(format!(
+                    "etcd config: endpoint {e:?} is https but no TLS is configured"
+                )));
+            }
+            if e.starts_with("http://") && self.tls.is_some() {
+                return Err(Error::invalid(format!(
+                    "etcd config: endpoint {e:?} is plain http but TLS is configured"
+                )));
+            }
+        }
+        if self.request_timeout.is_zero() || self.connect_timeout.is_zero() {
+            return Err(Error::invalid("etcd config: timeouts must be positive"));
+        }
+        if let Some((name, _)) = &self.user {
+            if name.is_empty() {
+                return Err(Error::invalid("etcd config: empty user name"));
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn connect_options(&self) -> etcd_client::ConnectOptions {
+        let mut o = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(self.connect_timeout)
+            .with_require_leader(self.require_leader);
+        if let Some((interval, timeout)) = self.keep_alive {
+            o = o
+                .with_keep_alive(interval, timeout)
+                .with_keep_alive_while_idle(true);
+        }
+        if let Some((u, p)) = &self.user {
+            o = o.with_user(u, p);
+        }
+        if let Some(tls) = &self.tls {
+            let mut t = etcd_client::TlsOptions::new();
+            if let Some(ca) = &tls.ca_pem {
+                t = t.ca_certificate(etcd_client::Certificate::from_pem(ca));
+            }
+            if let Some((cert, key)) = &tls.identity {
+                t = t.identity(etcd_client::Identity::from_pem(cert, key));
+            }
+            if let Some(d) = &tls.domain {
+                t = t.domain_name(d);
+            }
+            o = o.with_tls(t);
+        }
+        o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_configurations_say_what_is_wrong() {
+        let no = |c: EtcdConfig, needle: &str| {
+            let e = c.validate().unwrap_err();
+            assert!(
+                e.to_string().contains(needle),
+                "{e} should mention {needle}"
+            );
+        };
+        no(EtcdConfig::new(Vec::<String>::new()), "no endpoints");
+        no(EtcdConfig::new(["localhost"]), "not host:port");
+        no(EtcdConfig::new(["127.0.0.1:http"]), "not host:port");
+        no(EtcdConfig::new(["https://a:2379"]), "no TLS");
+        no(
+            EtcdConfig::new(["http://a:2379"]).with_tls(TlsConfig::new()),
+            "plain http",
+        );
+        no(EtcdConfig::new(["a:1"]).with_user("", "pw"), "empty user");
+        assert!(EtcdConfig::new(["127.0.0.1:2379", "http://[::1]:2379"])
+            .validate()
+            .is_ok());
+    }
+
+    #[test]
+    fn debug_output_hides_secrets() {
+        let c = EtcdConfig::new(["a:1"]).with_user("svc", "hunter2");
+        assert!(!format!("{c:?}").contains("hunter2"));
+    }
+}

@@ -1,0 +1,123 @@
+//! The keep-alive channel on etcd's bidirectional LeaseKeepAlive stream.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use coord_api::{Error, KeepAlive, LeaseId, Result};
+use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
+
+use crate::error::{map, Kind};
+use crate::store::EtcdStore;
+
+/// One lease's keep-alive stream, opened on the first renewal and re-opened (on the current
+/// endpoint) on the renewal after it broke.
+pub(crate) struct EtcdKeepAlive {
+    store: EtcdStore,
+    lease: LeaseId,
+    stream: Option<(usize, LeaseKeeper, LeaseKeepAliveStream)>,
+}
+
+impl std::fmt::Debug for EtcdKeepAlive {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdKeepAlive")
+            .field("lease", &self.lease)
+            .field("open", &self.stream.is_some())
+            .finish()
+    }
+}
+
+impl EtcdKeepAlive {
+    pub(crate) fn new(store: EtcdStore, lease: LeaseId) -> Self {
+        EtcdKeepAlive {
+            store,
+            lease,
+            stream: None,
+        }
+    }
+
+    fn closed(&mut self, source: impl Into<coord_api::BoxError>) -> Error {
+        if let Some((endpoint, ..)) = self.stream.take() {
+            self.store.fail_over(endpoint);
+        }
+        Error::StreamClosed {
+            stream: "keep-alive",
+            source: Some(source.into()),
+        }
+    }
+
+    /// Opens the stream. etcd-client sends one renewal to do so and reads its answer.
+    async fn open(&mut self) -> Result<()> {
+        let endpoint = self.store.current();
+        let mut client = match self.store.client_at(endpoint).await {
+            Ok(c) => c,
+            Err(e) => {
+                self.store.fail_over(endpoint);
+                return Err(Error::StreamClosed {
+                    stream: "keep-alive",
+                    source: Some(Box::new(e)),
+                });
+            }
+        };
+        match client.lease_keep_alive(self.lease.0).await {
+            Ok((keeper, stream)) => {
+                self.stream = Some((endpoint, keeper, stream));
+                Ok(())
+            }
+            // etcd-client's word for a first answer of TTL 0: the lease is gone.
+            Err(etcd_client::Error::LeaseKeepAliveError(m)) if m.contains("lease not found") => {
+                Err(Error::LeaseNotFound { lease: self.lease })
+            }
+            Err(e) => match map("keep-alive", Kind::Write, e) {
+                e @ (Error::LeaseNotFound { .. } | Error::PermissionDenied { .. }) => {
+                    Err(with_lease(e, self.lease))
+                }
+                other => {
+                    self.store.fail_over(endpoint);
+                    Err(Error::StreamClosed {
+                        stream: "keep-alive",
+                        source: Some(Box::new(other)),
+                    })
+                }
+            },
+        }
+    }
+
+    async fn renew_once(&mut self) -> Result<Duration> {
+        if self.stream.is_none() {
+            self.open().await?;
+        }
+        let (_, keeper, stream) = self.stream.as_mut().expect("opened above");
+        if let Err(e) = keeper.keep_alive().await {
+            return Err(self.closed(e));
+        }
+        match stream.message().await {
+            // A revoked or expired lease is answered with TTL 0 on a stream that stays open.
+            Ok(Some(resp)) if resp.ttl() <= 0 => Err(Error::LeaseNotFound { lease: self.lease }),
+            Ok(Some(resp)) => Ok(Duration::from_secs(resp.ttl() as u64)),
+            Ok(None) => Err(self.closed("the server ended the stream")),
+            Err(e) => Err(self.closed(e)),
+        }
+    }
+}
+
+fn with_lease(e: Error, lease: LeaseId) -> Error {
+    match e {
+        Error::LeaseNotFound { .. } => Error::LeaseNotFound { lease },
+        other => other,
+    }
+}
+
+#[async_trait]
+impl KeepAlive for EtcdKeepAlive {
+    fn lease(&self) -> LeaseId {
+        self.lease
+    }
+
+    async fn renew(&mut self) -> Result<Duration> {
+        let timeout = self.store.request_timeout();
+        match tokio::time::timeout(timeout, self.renew_once()).await {
+            Ok(r) => r,
+            Err(_) => Err(self.closed(format!("no answer within {timeout:?}"))),
+        }
+    }
+}

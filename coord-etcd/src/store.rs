@@ -1,0 +1,510 @@
+//! [`EtcdStore`]: the [`KvLeaseStore`] on a real etcd cluster.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use coord_api::{
+    validate, Bytes, DeleteRequest, DeleteResponse, DynKvLeaseStore, Error, GetRequest,
+    GetResponse, KeepAlive, KvLeaseStore, LeaseGrant, LeaseId, LeaseTimeToLive, Limits, PutRequest,
+    PutResponse, Result, TxnOp, TxnRequest, TxnResponse, WatchRequest, WatchStream,
+};
+use etcd_client::Client;
+use tokio::time::Instant;
+
+use crate::config::EtcdConfig;
+use crate::convert;
+use crate::error::{map, Kind, BACKEND};
+use crate::keepalive::EtcdKeepAlive;
+use crate::watch;
+
+/// One endpoint and, once connected, its client. Each endpoint gets its own client (a
+/// channel to that member alone) so the store decides where a request goes: etcd-client's
+/// own balancer keeps picking a dead member and fails about a third of requests after a
+/// member dies (ETCD-NOTES.md 3.6).
+struct Endpoint {
+    url: String,
+    client: Mutex<Option<Client>>,
+}
+
+pub(crate) struct Inner {
+    endpoints: Vec<Endpoint>,
+    /// The endpoint requests go to until it fails.
+    current: AtomicUsize,
+    config: EtcdConfig,
+}
+
+/// The production [`KvLeaseStore`]: etcd v3 through the `etcd-client` crate.
+///
+/// * **Failover.** Given every member's endpoint, it sends requests to one member and moves
+///   to the next when a connection fails. Reads are retried (any transport failure), writes
+///   only when they were never sent; retries back off from 20 ms to 500 ms and stop at the
+///   request timeout.
+/// * **Outcomes.** A write whose outcome is unknown (timed out after being sent, connection
+///   lost mid-request) is [`Error::Indeterminate`], never retried silently.
+/// * **Keep-alive and watch** run on etcd's streams; a revoked lease (which etcd answers with
+///   TTL 0 on a stream that stays open) is [`Error::LeaseNotFound`], a compacted start
+///   revision [`Error::Compacted`].
+/// * **Elections** use the trait's client-side algorithm, not etcd 3.4's server-side
+///   election API, which can hand out a leadership whose key is gone.
+///
+/// ```no_run
+/// # async fn run() -> coord_api::Result<()> {
+/// use coord_api::{KvLeaseStore, KvLeaseStoreExt};
+/// use coord_etcd::{EtcdConfig, EtcdStore};
+///
+/// let store = EtcdStore::connect(EtcdConfig::new(["127.0.0.1:2379"])).await?;
+/// store.put_value("greeting", "hello").await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct EtcdStore {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let urls: Vec<_> = self.inner.endpoints.iter().map(|e| &e.url).collect();
+        f.debug_struct("EtcdStore")
+            .field("endpoints", &urls)
+            .field("current", &self.inner.current.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl EtcdStore {
+    /// Connects and checks that some endpoint answers, within the connect timeout per
+    /// endpoint.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a bad configuration;
+    /// [`Error::PermissionDenied`] for credentials etcd refuses;
+    /// [`Error::Unavailable`] when no endpoint answers (it names them).
+    pub async fn connect(config: EtcdConfig) -> Result<Self> {
+        config.validate()?;
+        let store = Self::from_parts(config, Vec::new());
+        store.probe().await?;
+        Ok(store)
+    }
+
+    /// Connects over an existing tonic channel (for example one that runs over a simulated
+    /// network). The channel's own settings (timeouts, TLS) apply; the endpoints of `config`
+    /// are not used, but its request timeout, credentials and limits are.
+    pub async fn from_channel(
+        channel: tonic::transport::Channel,
+        config: EtcdConfig,
+    ) -> Result<Self> {
+        let client = Client::from_channel(
+            etcd_client::Channel::Tonic(channel),
+            Some(config.connect_options()),
+        )
+        .await
+        .map_err(|e| map("connect", Kind::Read, e))?;
+        Ok(Self::from_parts(
+            config,
+            vec![("channel".to_owned(), client)],
+        ))
+    }
+
+    fn from_parts(config: EtcdConfig, connected: Vec<(String, Client)>) -> Self {
+        let endpoints = if connected.is_empty() {
+            config
+                .endpoints
+                .iter()
+                .map(|url| Endpoint {
+                    url: url.clone(),
+                    client: Mutex::new(None),
+                })
+                .collect()
+        } else {
+            connected
+                .into_iter()
+                .map(|(url, c)| Endpoint {
+                    url,
+                    client: Mutex::new(Some(c)),
+                })
+                .collect()
+        };
+        EtcdStore {
+            inner: Arc::new(Inner {
+                endpoints,
+                current: AtomicUsize::new(0),
+                config,
+            }),
+        }
+    }
+
+    /// The configuration the store runs with.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.inner.config
+    }
+
+    /// Asks each endpoint in turn for its status until one answers.
+    async fn probe(&self) -> Result<()> {
+        let mut failures = Vec::new();
+        for i in 0..self.inner.endpoints.len() {
+            let url = self.inner.endpoints[i].url.clone();
+            let attempt = async {
+                let mut c = self.client_at(i).await?;
+                c.status().await.map_err(|e| map("connect", Kind::Read, e))
+            };
+            match tokio::time::timeout(self.inner.config.connect_timeout, attempt).await {
+                Ok(Ok(_)) => {
+                    self.inner.current.store(i, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Ok(Err(e @ (Error::PermissionDenied { .. } | Error::InvalidArgument { .. }))) => {
+                    return Err(e)
+                }
+                Ok(Err(e)) => failures.push(format!("{url}: {}", error_chain(&e))),
+                Err(_) => failures.push(format!(
+                    "{url}: no answer within {:?}",
+                    self.inner.config.connect_timeout
+                )),
+            }
+        }
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            operation: "connect",
+            source: format!("no etcd endpoint answered: {}", failures.join("; ")).into(),
+        })
+    }
+
+    /// The client of endpoint `i`, connecting it first if needed.
+    pub(crate) async fn client_at(&self, i: usize) -> Result<Client> {
+        let ep = &self.inner.endpoints[i];
+        if let Some(c) = ep.client.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Ok(c);
+        }
+        let client = Client::connect([ep.url.as_str()], Some(self.inner.config.connect_options()))
+            .await
+            .map_err(|e| map("connect", Kind::Read, e))?;
+        *ep.client.lock().unwrap_or_else(|p| p.into_inner()) = Some(client.clone());
+        Ok(client)
+    }
+
+    /// The endpoint index requests currently go to.
+    pub(crate) fn current(&self) -> usize {
+        self.inner.current.load(Ordering::Relaxed)
+    }
+
+    /// Moves requests off endpoint `from` (if no one moved them already).
+    pub(crate) fn fail_over(&self, from: usize) {
+        let n = self.inner.endpoints.len();
+        if n > 1 {
+            let next = (from + 1) % n;
+            if self
+                .inner
+                .current
+                .compare_exchange(from, next, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            {
+                tracing::debug!(
+                    from = %self.inner.endpoints[from].url,
+                    to = %self.inner.endpoints[next].url,
+                    "etcd endpoint failed; moving to the next"
+                );
+            }
+        }
+    }
+
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.inner.config.request_timeout
+    }
+
+    /// Runs one request with failover and bounded retries; see the type's docs.
+    pub(crate) async fn call<T, F, Fut>(&self, op: &'static str, kind: Kind, mut f: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut + Send,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>> + Send,
+        T: Send,
+    {
+        let deadline = Instant::now() + self.request_timeout();
+        let n = self.inner.endpoints.len();
+        let mut backoff = Duration::from_millis(20);
+        let mut attempt = 0usize;
+        loop {
+            let idx = self.current();
+            let outcome = tokio::time::timeout_at(deadline, async {
+                let client = self.client_at(idx).await?;
+                f(client).await.map_err(|e| map(op, kind, e))
+            })
+            .await;
+            let err = match outcome {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) => e,
+                Err(_) => {
+                    let source = format!("no answer within {:?}", self.request_timeout());
+                    return Err(match kind {
+                        Kind::Read => Error::Unavailable {
+                            backend: BACKEND,
+                            operation: op,
+                            source: source.into(),
+                        },
+                        Kind::Write => Error::Indeterminate {
+                            backend: BACKEND,
+                            operation: op,
+                            source: source.into(),
+                        },
+                    });
+                }
+            };
+            if !err.is_retryable() {
+                return Err(err);
+            }
+            self.fail_over(idx);
+            attempt += 1;
+            // The first pass over the other members goes at once; after that, back off.
+            if attempt >= n {
+                if Instant::now() + backoff >= deadline {
+                    return Err(err);
+                }
+                tracing::debug!(operation = op, attempt, backoff_ms = backoff.as_millis() as u64, error = %error_chain(&err), "retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(500));
+            }
+        }
+    }
+
+    /// The compaction point, learned the only way etcd tells it: a watch from revision 1
+    /// is cancelled with the compact revision.
+    async fn compact_revision(&self) -> i64 {
+        let probe = async {
+            let mut stream = self
+                .call("watch", Kind::Read, |mut c| async move {
+                    c.watch(
+                        vec![0u8],
+                        Some(etcd_client::WatchOptions::new().with_start_revision(1)),
+                    )
+                    .await
+                })
+                .await
+                .ok()?;
+            while let Ok(Some(resp)) = stream.message().await {
+                if resp.canceled() {
+                    return Some(resp.compact_revision());
+                }
+                if !resp.created() {
+                    return Some(0);
+                }
+            }
+            None
+        };
+        tokio::time::timeout(self.request_timeout(), probe)
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or(0)
+    }
+
+    /// Fills in what etcd's revision errors do not carry.
+    async fn with_revisions(&self, err: Error, requested: i64) -> Error {
+        match err {
+            Error::Compacted { .. } => Error::Compacted {
+                requested,
+                compact_revision: self.compact_revision().await,
+            },
+            Error::FutureRevision { .. } => {
+                let current = self
+                    .call("get", Kind::Read, |mut c| async move {
+                        c.get(vec![0u8], None).await
+                    })
+                    .await
+                    .ok()
+                    .and_then(|r| r.header().map(|h| h.revision()))
+                    .unwrap_or(0);
+                Error::FutureRevision { requested, current }
+            }
+            other => other,
+        }
+    }
+}
+
+/// An error and its sources on one line, for messages that must say everything.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(src) = cur {
+        s.push_str(": ");
+        s.push_str(&src.to_string());
+        cur = src.source();
+    }
+    s
+}
+
+fn with_lease(err: Error, lease: Option<LeaseId>) -> Error {
+    match (err, lease) {
+        (Error::LeaseNotFound { .. }, Some(lease)) => Error::LeaseNotFound { lease },
+        (other, _) => other,
+    }
+}
+
+/// The lease a failing transaction most likely named (etcd does not say which).
+fn txn_lease(req: &TxnRequest) -> Option<LeaseId> {
+    req.success
+        .iter()
+        .chain(&req.failure)
+        .find_map(|op| match op {
+            TxnOp::Put(p) => p.lease.filter(|l| !l.is_none()),
+            _ => None,
+        })
+}
+
+#[async_trait]
+impl KvLeaseStore for EtcdStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn limits(&self) -> Limits {
+        self.inner.config.limits.clone()
+    }
+
+    fn shared(&self) -> Arc<DynKvLeaseStore> {
+        Arc::new(self.clone())
+    }
+
+    async fn get(&self, req: GetRequest) -> Result<GetResponse> {
+        validate::get(&req)?;
+        let (key, opts) = convert::get(&req);
+        let res = self
+            .call("get", Kind::Read, |mut c| {
+                let (key, opts) = (key.clone(), opts.clone());
+                async move { c.get(key, Some(opts)).await }
+            })
+            .await;
+        match res {
+            Ok(r) => Ok(convert::get_response(r)),
+            Err(e) => Err(self.with_revisions(e, req.revision.unwrap_or(0)).await),
+        }
+    }
+
+    async fn put(&self, req: PutRequest) -> Result<PutResponse> {
+        validate::put(&req, &self.inner.config.limits)?;
+        let opts = convert::put_options(&req);
+        self.call("put", Kind::Write, |mut c| {
+            let (key, value, opts) = (req.key.to_vec(), req.value.to_vec(), opts.clone());
+            async move { c.put(key, value, Some(opts)).await }
+        })
+        .await
+        .map(convert::put_response)
+        .map_err(|e| with_lease(e, req.lease))
+    }
+
+    async fn delete(&self, req: DeleteRequest) -> Result<DeleteResponse> {
+        validate::delete(&req)?;
+        let (key, opts) = convert::delete(&req);
+        self.call("delete", Kind::Write, |mut c| {
+            let (key, opts) = (key.clone(), opts.clone());
+            async move { c.delete(key, Some(opts)).await }
+        })
+        .await
+        .map(convert::delete_response)
+    }
+
+    async fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
+        validate::txn(&req, &self.inner.config.limits)?;
+        let writes = req
+            .success
+            .iter()
+            .chain(&req.failure)
+            .any(|op| !matches!(op, TxnOp::Get(_)));
+        let kind = if writes { Kind::Write } else { Kind::Read };
+        let res = self
+            .call("txn", kind, |mut c| {
+                let txn = convert::txn(&req);
+                async move { c.txn(txn).await }
+            })
+            .await;
+        match res {
+            Ok(r) => Ok(convert::txn_response(r)),
+            Err(e) => {
+                let requested = req
+                    .success
+                    .iter()
+                    .chain(&req.failure)
+                    .find_map(|op| match op {
+                        TxnOp::Get(g) => g.revision,
+                        _ => None,
+                    })
+                    .unwrap_or(0);
+                let e = with_lease(e, txn_lease(&req));
+                Err(self.with_revisions(e, requested).await)
+            }
+        }
+    }
+
+    async fn grant(&self, ttl: Duration) -> Result<LeaseGrant> {
+        validate::ttl(ttl, &self.inner.config.limits)?;
+        // Whole seconds, rounded up: etcd's TTLs are integers. etcd raises it to its minimum.
+        let secs = (ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)) as i64;
+        let r = self
+            .call("grant", Kind::Write, |mut c| async move {
+                c.lease_grant(secs, None).await
+            })
+            .await?;
+        Ok(LeaseGrant {
+            id: LeaseId(r.id()),
+            ttl: Duration::from_secs(r.ttl().max(0) as u64),
+        })
+    }
+
+    async fn revoke(&self, lease: LeaseId) -> Result<i64> {
+        let r = self
+            .call("revoke", Kind::Write, |mut c| async move {
+                c.lease_revoke(lease.0).await
+            })
+            .await
+            .map_err(|e| with_lease(e, Some(lease)))?;
+        Ok(r.header().map_or(0, |h| h.revision()))
+    }
+
+    async fn time_to_live(&self, lease: LeaseId) -> Result<LeaseTimeToLive> {
+        let r = self
+            .call("time-to-live", Kind::Read, |mut c| async move {
+                c.lease_time_to_live(
+                    lease.0,
+                    Some(etcd_client::LeaseTimeToLiveOptions::new().with_keys()),
+                )
+                .await
+            })
+            .await
+            .map_err(|e| with_lease(e, Some(lease)))?;
+        // etcd answers a dead lease with TTL -1, not an error.
+        if r.ttl() < 0 {
+            return Err(Error::LeaseNotFound { lease });
+        }
+        let mut keys: Vec<Bytes> = r.keys().iter().map(|k| Bytes::from(k.clone())).collect();
+        // etcd lists them in map order; the contract promises key order.
+        keys.sort();
+        Ok(LeaseTimeToLive {
+            id: lease,
+            ttl: Duration::from_secs(r.ttl() as u64),
+            granted_ttl: Duration::from_secs(r.granted_ttl().max(0) as u64),
+            keys,
+        })
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<Box<dyn KeepAlive>> {
+        Ok(Box::new(EtcdKeepAlive::new(self.clone(), lease)))
+    }
+
+    async fn watch(&self, req: WatchRequest) -> Result<WatchStream> {
+        validate::watch(&req)?;
+        watch::open(self, req).await
+    }
+
+    async fn compact(&self, revision: i64) -> Result<()> {
+        let res = self
+            .call("compact", Kind::Write, |mut c| async move {
+                c.compact(revision, None).await
+            })
+            .await;
+        match res {
+            Ok(_) => Ok(()),
+            Err(e) => Err(self.with_revisions(e, revision).await),
+        }
+    }
+}

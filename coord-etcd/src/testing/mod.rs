@@ -1,0 +1,14 @@
+//! Real etcd for tests: [`EtcdCluster`] starts etcd processes on free loopback ports (one
+//! member or several), and controls them (kill -9, restart on the same data, SIGSTOP and
+//! SIGCONT, find and kill the leader, compact, revoke); [`TcpProxy`] sits between a client and
+//! a member to partition them (blackhole, reset, delay).
+//!
+//! Tests that use it need the `etcd` binary: `ETCD_BIN`, or `etcd` on `PATH` (Debian's
+//! `etcd-server` package). Without it they fail with [`HarnessError::EtcdNotFound`], which
+//! says so; they never skip.
+
+mod cluster;
+mod proxy;
+
+pub use cluster::{etcd_binary, EtcdCluster, EtcdClusterBuilder, HarnessError};
+pub use proxy::{ProxyMode, TcpProxy};

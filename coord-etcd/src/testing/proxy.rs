@@ -1,0 +1,139 @@
+//! A TCP proxy in front of an etcd member, to cut a client off from it.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// What the proxy does with traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyMode {
+    /// Forward everything.
+    Pass,
+    /// Accept and keep connections but forward nothing, either way: a partition in which
+    /// packets vanish, so only timeouts and keep-alive pings notice.
+    Blackhole,
+    /// Close every connection and refuse new ones at once: a partition that answers with
+    /// resets.
+    Reset,
+    /// Forward everything after this delay.
+    Delay(Duration),
+}
+
+/// A TCP proxy: point a client at [`endpoint`](TcpProxy::endpoint) instead of the member, then
+/// switch modes to partition it. Stops when dropped.
+#[derive(Debug)]
+pub struct TcpProxy {
+    addr: SocketAddr,
+    mode: watch::Sender<ProxyMode>,
+    task: JoinHandle<()>,
+}
+
+impl TcpProxy {
+    /// Starts a proxy on a free loopback port, forwarding to `target`.
+    pub async fn start(target: SocketAddr) -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (mode, modes) = watch::channel(ProxyMode::Pass);
+        let task = tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                if *modes.borrow() == ProxyMode::Reset {
+                    drop(inbound);
+                    continue;
+                }
+                let modes = modes.clone();
+                tokio::spawn(async move {
+                    if let Ok(outbound) = TcpStream::connect(target).await {
+                        relay(inbound, outbound, modes).await;
+                    }
+                });
+            }
+        });
+        Ok(TcpProxy { addr, mode, task })
+    }
+
+    /// The address clients connect to, `127.0.0.1:port`.
+    pub fn endpoint(&self) -> String {
+        self.addr.to_string()
+    }
+
+    /// Switches the mode; existing connections follow at once.
+    pub fn set_mode(&self, mode: ProxyMode) {
+        self.mode.send_replace(mode);
+    }
+
+    /// Drops all traffic silently.
+    pub fn blackhole(&self) {
+        self.set_mode(ProxyMode::Blackhole);
+    }
+
+    /// Resets every connection and refuses new ones.
+    pub fn reset(&self) {
+        self.set_mode(ProxyMode::Reset);
+    }
+
+    /// Delays all traffic.
+    pub fn delay(&self, by: Duration) {
+        self.set_mode(ProxyMode::Delay(by));
+    }
+
+    /// Forwards everything again. Connections that saw a blackhole may have lost bytes and
+    /// are best abandoned by the client; new ones work.
+    pub fn heal(&self) {
+        self.set_mode(ProxyMode::Pass);
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.set_mode(ProxyMode::Reset);
+        self.task.abort();
+    }
+}
+
+async fn relay(a: TcpStream, b: TcpStream, modes: watch::Receiver<ProxyMode>) {
+    let (ar, aw) = a.into_split();
+    let (br, bw) = b.into_split();
+    let up = pump(ar, bw, modes.clone());
+    let down = pump(br, aw, modes);
+    // Either direction ending (EOF, error or reset) ends the connection.
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut modes: watch::Receiver<ProxyMode>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = tokio::select! {
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            changed = modes.changed() => {
+                if changed.is_err() || *modes.borrow() == ProxyMode::Reset {
+                    return;
+                }
+                continue;
+            }
+        };
+        let mode = *modes.borrow();
+        match mode {
+            ProxyMode::Pass => {}
+            ProxyMode::Blackhole => continue,
+            ProxyMode::Reset => return,
+            ProxyMode::Delay(d) => tokio::time::sleep(d).await,
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}

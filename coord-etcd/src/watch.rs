@@ -1,0 +1,82 @@
+//! Watches on etcd's Watch stream.
+
+use coord_api::{Error, Result, WatchRequest, WatchResponse, WatchStream};
+use futures::StreamExt;
+
+use crate::convert;
+use crate::error::Kind;
+use crate::store::EtcdStore;
+
+/// Opens a watch and waits for etcd to confirm it, so every write after this returns is seen.
+pub(crate) async fn open(store: &EtcdStore, req: WatchRequest) -> Result<WatchStream> {
+    let mut opts = etcd_client::WatchOptions::new();
+    if let coord_api::KeyRange::Prefix(_) = &req.range {
+        opts = opts.with_range(req.range.etcd_range_end());
+    }
+    if let Some(rev) = req.start_revision {
+        opts = opts.with_start_revision(rev);
+    }
+    if req.prev_kv {
+        opts = opts.with_prev_key();
+    }
+    if req.progress_notify {
+        opts = opts.with_progress_notify();
+    }
+    let key = req.range.start().to_vec();
+    let timeout = store.request_timeout();
+    let opened = store.call("watch", Kind::Read, |mut c| {
+        let (key, opts) = (key.clone(), opts.clone());
+        async move {
+            let mut stream = c.watch(key, Some(opts)).await?;
+            // The first answer confirms the watch (or already cancels it).
+            let first = stream.message().await?;
+            Ok((stream, first))
+        }
+    });
+    let (mut stream, first) =
+        tokio::time::timeout(timeout, opened)
+            .await
+            .map_err(|_| Error::Unavailable {
+                backend: crate::error::BACKEND,
+                operation: "watch",
+                source: format!("not confirmed within {timeout:?}").into(),
+            })??;
+    let requested = req.start_revision.unwrap_or(0);
+    let mut pending = first.filter(|r| !r.created() || r.canceled());
+    let out = async_stream::stream! {
+        loop {
+            let msg = match pending.take() {
+                Some(m) => Ok(Some(m)),
+                None => stream.message().await,
+            };
+            match msg {
+                Ok(Some(resp)) => {
+                    if resp.canceled() {
+                        if resp.compact_revision() > 0 {
+                            yield Err(Error::Compacted { requested, compact_revision: resp.compact_revision() });
+                        } else {
+                            let reason = resp.cancel_reason().to_owned();
+                            yield Err(Error::StreamClosed {
+                                stream: "watch",
+                                source: Some(format!("etcd cancelled the watch: {reason:?}").into()),
+                            });
+                        }
+                        break;
+                    }
+                    let events = resp.events().iter().filter_map(convert::event).collect();
+                    let revision = resp.header().map_or(0, |h| h.revision());
+                    yield Ok(WatchResponse { revision, events });
+                }
+                Ok(None) => {
+                    yield Err(Error::StreamClosed { stream: "watch", source: Some("the server ended the stream".into()) });
+                    break;
+                }
+                Err(e) => {
+                    yield Err(Error::StreamClosed { stream: "watch", source: Some(Box::new(e)) });
+                    break;
+                }
+            }
+        }
+    };
+    Ok(out.boxed())
+}
