@@ -12,6 +12,8 @@
 //! * Each key keeps its versions (MVCC) until compaction; a read at a past revision takes, for
 //!   each key, the last version at or before it.
 //! * Each revision's events are kept until compaction, for watches that start in the past.
+//!   Such a watch catches up asynchronously, as in etcd: its history arrives at the next
+//!   sync (etcd: every 100 ms), and a compaction that overtakes it ends it with `Compacted`.
 //! * A lease's keys are deleted in one revision when it is revoked or expires; leases expire
 //!   one at a time, each in its own revision, oldest deadline first.
 
@@ -57,6 +59,10 @@ struct Watcher {
     prev_kv: bool,
     /// The first revision this watcher has not been sent yet.
     next_revision: i64,
+    /// False while it still has history to catch up on. Like etcd's unsynced watchers, it
+    /// gets no live events until [`State::sync_watchers`] has sent it its history, and a
+    /// compaction past its next revision before then ends it with `Compacted`.
+    synced: bool,
 }
 
 /// An identifier for a registered watch, unique within one [`State`].
@@ -317,10 +323,10 @@ impl State {
         let ids: Vec<WatchId> = self.watchers.keys().copied().collect();
         for id in ids {
             let w = &self.watchers[&id];
-            if w.next_revision > p.revision {
+            if !w.synced || w.next_revision > p.revision {
                 continue;
             }
-            let events = Self::matching(w, &p.events);
+            let events = Self::matching(w, &p.events, self.compact_revision);
             self.watchers.get_mut(&id).expect("listed").next_revision = p.revision + 1;
             if !events.is_empty() {
                 self.outbox.push(Delivery {
@@ -335,12 +341,21 @@ impl State {
         self.log.insert(p.revision, p.events);
     }
 
-    fn matching(w: &Watcher, events: &[Event]) -> Vec<Event> {
+    /// The events of `events` that `w` watches, as it should receive them.
+    ///
+    /// etcd looks a previous value up at `mod_revision - 1` when it sends the event; when
+    /// that revision is compacted the lookup fails and the event goes out without it. A
+    /// watch catching up on old history can therefore get events without `prev_kv`.
+    fn matching(w: &Watcher, events: &[Event], compact_revision: i64) -> Vec<Event> {
         events
             .iter()
             .filter(|e| w.range.contains(&e.kv.key))
             .map(|e| Event {
-                prev_kv: if w.prev_kv { e.prev_kv.clone() } else { None },
+                prev_kv: if w.prev_kv && e.kv.mod_revision > compact_revision {
+                    e.prev_kv.clone()
+                } else {
+                    None
+                },
                 ..e.clone()
             })
             .collect()
@@ -529,8 +544,9 @@ impl State {
 
     // ---- watches and compaction --------------------------------------------------------
 
-    /// Registers a watch. History from the start revision is queued at once, in one batch;
-    /// a compacted start revision queues `Compacted` and registers nothing.
+    /// Registers a watch. A start revision in the past makes it unsynced: its history is sent
+    /// by the next [`sync_watchers`](State::sync_watchers). A compacted start revision queues
+    /// `Compacted` and registers nothing.
     pub fn watch(&mut self, now: Instant, req: &WatchRequest) -> WatchId {
         self.expire(now);
         let id = self.next_watch;
@@ -549,16 +565,50 @@ impl State {
             });
             return id;
         }
-        let mut w = Watcher {
+        // A watch with history to replay starts unsynced, as in etcd: its history comes with
+        // the next sync, and a compaction before then ends it.
+        let w = Watcher {
             range: req.range.clone(),
             prev_kv: req.prev_kv,
             next_revision: start,
+            synced: start > self.revision,
         };
-        if start <= self.revision {
+        self.watchers.insert(id, w);
+        id
+    }
+
+    /// True while some watch still has history to catch up on.
+    pub fn has_unsynced_watchers(&self) -> bool {
+        self.watchers.values().any(|w| !w.synced)
+    }
+
+    /// Sends every unsynced watch its history, in one batch, or `Compacted` if a compaction
+    /// overtook it; etcd does this from a loop every 100 ms (`syncWatchersLoop`).
+    pub fn sync_watchers(&mut self, now: Instant) {
+        self.expire(now);
+        let ids: Vec<WatchId> = self
+            .watchers
+            .iter()
+            .filter(|(_, w)| !w.synced)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            let w = &self.watchers[&id];
+            if w.next_revision < self.compact_revision {
+                self.outbox.push(Delivery {
+                    watch: id,
+                    item: Err(Error::Compacted {
+                        requested: w.next_revision,
+                        compact_revision: self.compact_revision,
+                    }),
+                });
+                self.watchers.remove(&id);
+                continue;
+            }
             let events: Vec<Event> = self
                 .log
-                .range(start..)
-                .flat_map(|(_, events)| Self::matching(&w, events))
+                .range(w.next_revision..)
+                .flat_map(|(_, events)| Self::matching(w, events, self.compact_revision))
                 .collect();
             if !events.is_empty() {
                 self.outbox.push(Delivery {
@@ -569,10 +619,10 @@ impl State {
                     }),
                 });
             }
+            let w = self.watchers.get_mut(&id).expect("listed");
             w.next_revision = self.revision + 1;
+            w.synced = true;
         }
-        self.watchers.insert(id, w);
-        id
     }
 
     /// Forgets a watch.

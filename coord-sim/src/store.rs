@@ -26,6 +26,9 @@ pub struct SimConfig {
     /// exact (etcd checks every 500 ms) and idle watches get progress notifications every
     /// second, as an etcd started with `--experimental-watch-progress-notify-interval=1s` does.
     pub limits: Limits,
+    /// How often watches that start in the past are caught up (etcd: 100 ms). Until then
+    /// they deliver nothing, and a compaction can end them.
+    pub watch_sync_interval: Duration,
 }
 
 impl Default for SimConfig {
@@ -33,7 +36,11 @@ impl Default for SimConfig {
         let mut limits = Limits::ETCD_DEFAULTS;
         limits.expiry_granularity = Duration::ZERO;
         limits.progress_notify_interval = Duration::from_secs(1);
-        SimConfig { seed: 0, limits }
+        SimConfig {
+            seed: 0,
+            limits,
+            watch_sync_interval: Duration::from_millis(100),
+        }
     }
 }
 
@@ -53,6 +60,12 @@ impl SimConfig {
     /// Refuse requests larger than `bytes` (etcd's `--max-request-bytes`).
     pub fn with_max_request_bytes(mut self, bytes: usize) -> Self {
         self.limits.max_request_bytes = bytes;
+        self
+    }
+
+    /// Catch up watches that start in the past this often.
+    pub fn with_watch_sync_interval(mut self, every: Duration) -> Self {
+        self.watch_sync_interval = every;
         self
     }
 
@@ -170,7 +183,7 @@ impl SimStore {
             deadlines_changed: Arc::new(Notify::new()),
             config,
         });
-        tokio::spawn(expire_leases(
+        tokio::spawn(background(
             Arc::downgrade(&shared),
             shared.deadlines_changed.clone(),
         ));
@@ -197,15 +210,29 @@ impl SimStore {
     }
 }
 
-/// Expires leases at their deadlines, so that delete events appear without anyone calling
-/// the store, as they do on etcd. It holds the store weakly and ends when the store is gone.
-async fn expire_leases(shared: Weak<Shared>, wake: Arc<Notify>) {
+/// The store's own clock work, as etcd's server loops do it: expires leases at their
+/// deadlines (so delete events appear without anyone calling the store), and catches up
+/// watches that started in the past on a fixed cadence. It holds the store weakly and ends
+/// when the store is gone.
+async fn background(shared: Weak<Shared>, wake: Arc<Notify>) {
+    let epoch = Instant::now();
     loop {
-        let Some(next) = shared.upgrade().map(|s| s.lock().state.next_deadline()) else {
+        let Some((deadline, sync_at)) = shared.upgrade().map(|s| {
+            let inner = s.lock();
+            let sync_at = inner
+                .state
+                .has_unsynced_watchers()
+                .then(|| next_tick(epoch, Instant::now(), s.config.watch_sync_interval));
+            (inner.state.next_deadline(), sync_at)
+        }) else {
             return;
         };
-        // `notify_one` leaves a permit when nobody waits, so a grant between the read above
-        // and the wait below still wakes us.
+        let next = match (deadline, sync_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        // `notify_one` leaves a permit when nobody waits, so a grant or a watch registered
+        // between the read above and the wait below still wakes us.
         match next {
             Some(at) => {
                 tokio::select! {
@@ -219,8 +246,21 @@ async fn expire_leases(shared: Weak<Shared>, wake: Arc<Notify>) {
         let Some(strong) = shared.upgrade() else {
             return;
         };
-        strong.apply(|state, now| state.expire(now));
+        strong.apply(|state, now| {
+            state.expire(now);
+            // Sync on the cadence's ticks only, like etcd's loop, not whenever we woke.
+            if sync_at.is_some_and(|at| now >= at) {
+                state.sync_watchers(now);
+            }
+        });
     }
+}
+
+/// The first tick of the cadence `epoch + k * every` strictly after `now`.
+fn next_tick(epoch: Instant, now: Instant, every: Duration) -> Instant {
+    let every_ns = every.as_nanos().max(1);
+    let k = (now - epoch).as_nanos() / every_ns + 1;
+    epoch + Duration::from_nanos((k * every_ns) as u64)
 }
 
 impl Drop for Shared {
@@ -297,6 +337,8 @@ impl KvLeaseStore for SimStore {
             Shared::deliver(&mut inner);
             id
         };
+        // It may need catching up: let the background task see it.
+        self.shared.deadlines_changed.notify_one();
         let progress = req
             .progress_notify
             .then_some(self.limits_ref().progress_notify_interval);

@@ -85,6 +85,8 @@ macro_rules! __coord_cases {
             watch::watch_concurrent_watchers_agree: Shared,
             watch::watch_from_compacted_revision_fails: Exclusive,
             watch::watch_from_compact_revision_works: Exclusive,
+            watch::watch_from_past_overtaken_by_compaction_is_all_or_nothing: Exclusive,
+            watch::watch_prev_kv_is_dropped_below_the_compaction_point: Exclusive,
             watch::watch_empty_key_is_invalid: Shared,
             watch::watch_from_future_revision_waits: Exclusive,
             compact::compact_discards_older_revisions: Exclusive,
