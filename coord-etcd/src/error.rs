@@ -65,8 +65,9 @@ fn rejected(op: &'static str, source: impl Into<coord_api::BoxError>) -> Error {
 /// message does not carry them); the caller fills them in, see [`crate::store`].
 pub(crate) fn map_status(op: &'static str, kind: Kind, status: tonic::Status) -> Error {
     let msg = status.message().to_owned();
-    let auth_failed =
-        msg.contains("authentication failed") || msg.contains("invalid user ID or password");
+    let auth_failed = msg.contains("authentication failed")
+        || msg.contains("invalid user ID or password")
+        || msg.contains("user name is empty");
     match status.code() {
         _ if auth_failed => Error::PermissionDenied {
             backend: BACKEND,

@@ -158,7 +158,15 @@ impl EtcdStore {
                 Ok(Err(e @ (Error::PermissionDenied { .. } | Error::InvalidArgument { .. }))) => {
                     return Err(e)
                 }
-                Ok(Err(e)) => failures.push(format!("{url}: {}", error_chain(&e))),
+                Ok(Err(e)) => {
+                    if let Some(reason) = self.tls_refusal(&e) {
+                        return Err(Error::PermissionDenied {
+                            backend: BACKEND,
+                            reason: format!("{url}: {reason}"),
+                        });
+                    }
+                    failures.push(format!("{url}: {}", error_chain(&e)))
+                }
                 Err(_) => failures.push(format!(
                     "{url}: no answer within {:?}",
                     self.inner.config.connect_timeout
@@ -170,6 +178,37 @@ impl EtcdStore {
             operation: "connect",
             source: format!("no etcd endpoint answered: {}", failures.join("; ")).into(),
         })
+    }
+
+    /// A TLS failure that retrying cannot fix, in words: the server refused our certificate,
+    /// we do not trust the server's, or the server hung up right after the handshake (how a
+    /// TLS 1.3 server refuses a missing or foreign client certificate when its alert loses
+    /// the race with our first write). The last is a judgement: it only applies on connect,
+    /// where a server that answers nothing at all would have failed the handshake instead.
+    fn tls_refusal(&self, e: &Error) -> Option<String> {
+        let tls = self.inner.config.tls.as_ref()?;
+        // Debug, not Display: tonic's Status does not expose the transport error it wraps as
+        // a source, and the TLS alert is only in there.
+        let chain = format!("{e:?}");
+        if chain.contains("fatal alert") || chain.contains("invalid peer certificate") {
+            return Some(format!("TLS refused: {chain}"));
+        }
+        // Depending on timing, the hang-up surfaces as any of these.
+        let hung_up = ["connection closed", "broken pipe", "connection reset"]
+            .iter()
+            .any(|m| chain.contains(m));
+        if hung_up {
+            let why = if tls.identity.is_none() {
+                "it most likely requires a client certificate, and none is configured"
+            } else {
+                "it most likely does not accept this client certificate (TLS 1.3 lets a \
+                 server refuse it after the client's handshake is done)"
+            };
+            return Some(format!(
+                "the server closed the connection right after the TLS handshake; {why} ({chain})"
+            ));
+        }
+        None
     }
 
     /// The client of endpoint `i`, connecting it first if needed.
@@ -268,35 +307,47 @@ impl EtcdStore {
         }
     }
 
-    /// The compaction point, learned the only way etcd tells it: a watch from revision 1
-    /// is cancelled with the compact revision.
-    async fn compact_revision(&self) -> i64 {
-        let probe = async {
-            let mut stream = self
-                .call("watch", Kind::Read, |mut c| async move {
-                    c.watch(
+    /// The compaction point. etcd's revision errors do not carry it, and a watch's cancel
+    /// (which does) comes from an asynchronous loop that can take seconds; so search for it:
+    /// reads below it fail with "compacted", reads at or above it succeed. `below` is a
+    /// revision known to be compacted. About 20 reads at worst, and only on an error path.
+    async fn compact_revision(&self, below: i64) -> i64 {
+        let readable = |rev: i64| async move {
+            let r = self
+                .call("get", Kind::Read, |mut c| async move {
+                    c.get(
                         vec![0u8],
-                        Some(etcd_client::WatchOptions::new().with_start_revision(1)),
+                        Some(etcd_client::GetOptions::new().with_revision(rev)),
                     )
                     .await
                 })
-                .await
-                .ok()?;
-            while let Ok(Some(resp)) = stream.message().await {
-                if resp.canceled() {
-                    return Some(resp.compact_revision());
-                }
-                if !resp.created() {
-                    return Some(0);
-                }
+                .await;
+            match r {
+                Ok(_) => Some(true),
+                Err(Error::Compacted { .. }) => Some(false),
+                Err(_) => None,
             }
-            None
         };
-        tokio::time::timeout(self.request_timeout(), probe)
+        let Ok(current) = self
+            .call("get", Kind::Read, |mut c| async move {
+                c.get(vec![0u8], None).await
+            })
             .await
-            .ok()
-            .flatten()
-            .unwrap_or(0)
+            .map(|r| r.header().map_or(0, |h| h.revision()))
+        else {
+            return 0;
+        };
+        // Invariant: `lo` is compacted, `hi` is readable (the current revision always is).
+        let (mut lo, mut hi) = (below.max(0), current);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            match readable(mid).await {
+                Some(true) => hi = mid,
+                Some(false) => lo = mid,
+                None => return 0,
+            }
+        }
+        hi
     }
 
     /// Fills in what etcd's revision errors do not carry.
@@ -304,7 +355,9 @@ impl EtcdStore {
         match err {
             Error::Compacted { .. } => Error::Compacted {
                 requested,
-                compact_revision: self.compact_revision().await,
+                // `requested - 1` is compacted whether a read at `requested` failed (so it is below
+                // the point) or a compaction at it did (so it is at or below).
+                compact_revision: self.compact_revision(requested - 1).await,
             },
             Error::FutureRevision { .. } => {
                 let current = self

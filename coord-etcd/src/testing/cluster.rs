@@ -59,6 +59,19 @@ fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// TLS for the members' client port: PEM files the members read.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    /// The server certificate (its names must include 127.0.0.1).
+    pub cert_file: PathBuf,
+    /// The server certificate's key.
+    pub key_file: PathBuf,
+    /// The CA that signs client certificates.
+    pub ca_file: PathBuf,
+    /// Require and verify client certificates (`--client-cert-auth`).
+    pub client_cert_auth: bool,
+}
+
 /// How to start a cluster; see [`EtcdCluster::builder`].
 #[derive(Debug, Clone)]
 pub struct EtcdClusterBuilder {
@@ -66,6 +79,8 @@ pub struct EtcdClusterBuilder {
     fast_elections: bool,
     progress_notify_interval: Duration,
     extra_args: Vec<String>,
+    server_tls: Option<ServerTls>,
+    client_tls: Option<crate::TlsConfig>,
 }
 
 impl EtcdClusterBuilder {
@@ -82,7 +97,15 @@ impl EtcdClusterBuilder {
         self
     }
 
-    /// Extra command-line flags for every member (TLS, auth...).
+    /// Serve clients over TLS; the harness itself connects with `client` (which must trust
+    /// the server, and carry a client certificate if the server requires one).
+    pub fn tls(mut self, server: ServerTls, client: crate::TlsConfig) -> Self {
+        self.server_tls = Some(server);
+        self.client_tls = Some(client);
+        self
+    }
+
+    /// Extra command-line flags for every member.
     pub fn arg(mut self, arg: impl Into<String>) -> Self {
         self.extra_args.push(arg.into());
         self
@@ -161,6 +184,8 @@ impl EtcdCluster {
             fast_elections: false,
             progress_notify_interval: Duration::from_secs(1),
             extra_args: Vec::new(),
+            server_tls: None,
+            client_tls: None,
         }
     }
 
@@ -188,9 +213,12 @@ impl EtcdCluster {
         self.members.is_empty()
     }
 
-    /// Member `i`'s client endpoint, `127.0.0.1:port`.
+    /// Member `i`'s client endpoint: `127.0.0.1:port`, or `https://127.0.0.1:port` with TLS.
     pub fn endpoint(&self, i: usize) -> String {
-        format!("127.0.0.1:{}", self.members[i].client_port)
+        match self.builder.server_tls {
+            Some(_) => format!("https://127.0.0.1:{}", self.members[i].client_port),
+            None => format!("127.0.0.1:{}", self.members[i].client_port),
+        }
     }
 
     /// Every member's client endpoint.
@@ -205,10 +233,14 @@ impl EtcdCluster {
 
     /// A configuration for every member, with the cluster's limits and short timeouts.
     pub fn config(&self) -> EtcdConfig {
-        EtcdConfig::new(self.endpoints())
+        let config = EtcdConfig::new(self.endpoints())
             .with_limits(self.limits())
             .with_connect_timeout(Duration::from_secs(1))
-            .with_request_timeout(Duration::from_secs(5))
+            .with_request_timeout(Duration::from_secs(5));
+        match &self.builder.client_tls {
+            Some(tls) => config.with_tls(tls.clone()),
+            None => config,
+        }
     }
 
     /// A store connected to every member.
@@ -235,7 +267,12 @@ impl EtcdCluster {
     fn spawn(&self, i: usize, new: bool) -> Result<(), HarnessError> {
         let m = &self.members[i];
         let peer = |m: &Member| format!("http://127.0.0.1:{}", m.peer_port);
-        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let scheme = if self.builder.server_tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let client = format!("{scheme}://127.0.0.1:{}", m.client_port);
         let initial: Vec<String> = self
             .members
             .iter()
@@ -273,6 +310,17 @@ impl EtcdCluster {
         if self.builder.fast_elections {
             cmd.args(["--heartbeat-interval", "25", "--election-timeout", "250"]);
         }
+        if let Some(tls) = &self.builder.server_tls {
+            cmd.arg("--cert-file")
+                .arg(&tls.cert_file)
+                .arg("--key-file")
+                .arg(&tls.key_file)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca_file);
+            if tls.client_cert_auth {
+                cmd.arg("--client-cert-auth");
+            }
+        }
         cmd.args(&self.builder.extra_args);
         let log = File::options()
             .create(true)
@@ -306,10 +354,13 @@ impl EtcdCluster {
     /// Waits until member `i` serves a linearizable read (so it has a leader).
     pub async fn wait_ready(&self, i: usize, bound: Duration) -> Result<(), HarnessError> {
         let start = Instant::now();
-        let config = EtcdConfig::new([self.endpoint(i)])
+        let mut config = EtcdConfig::new([self.endpoint(i)])
             .with_limits(self.limits())
             .with_connect_timeout(Duration::from_millis(500))
             .with_request_timeout(Duration::from_millis(500));
+        if let Some(tls) = &self.builder.client_tls {
+            config = config.with_tls(tls.clone());
+        }
         loop {
             if let Ok(store) = EtcdStore::connect(config.clone()).await {
                 if store

@@ -10,5 +10,5 @@
 mod cluster;
 mod proxy;
 
-pub use cluster::{etcd_binary, EtcdCluster, EtcdClusterBuilder, HarnessError};
+pub use cluster::{etcd_binary, EtcdCluster, EtcdClusterBuilder, HarnessError, ServerTls};
 pub use proxy::{ProxyMode, TcpProxy};

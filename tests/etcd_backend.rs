@@ -1,0 +1,224 @@
+//! EtcdStore against real etcd processes, beyond the conformance suite: failover across
+//! members, one election queue shared with etcd's Go client, and connecting over a channel.
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_api::testkit::{eventually, within, PROMPT};
+use coord_api::{Bytes, DynKvLeaseStore, ErrorClass, KvLeaseStore, KvLeaseStoreExt};
+use coord_etcd::testing::EtcdCluster;
+use coord_etcd::{EtcdConfig, EtcdStore};
+use tokio::time::Instant;
+
+async fn three() -> EtcdCluster {
+    EtcdCluster::three()
+        .await
+        .unwrap_or_else(|e| panic!("cannot start etcd: {e}"))
+}
+
+/// With the member it talks to killed, not one request fails: reads and writes move to the
+/// next member. (etcd-client alone failed 31% of requests here: ETCD-NOTES.md 3.6.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_member_fails_no_request() {
+    let cluster = three().await;
+    let leader = cluster.leader().await.expect("a leader");
+    let victim = (leader + 1) % cluster.len();
+    // The victim first: it is the member requests go to until it fails.
+    let mut endpoints = vec![cluster.endpoint(victim)];
+    endpoints.extend(
+        (0..cluster.len())
+            .filter(|i| *i != victim)
+            .map(|i| cluster.endpoint(i)),
+    );
+    let store = EtcdStore::connect(EtcdConfig::new(endpoints).with_limits(cluster.limits()))
+        .await
+        .unwrap();
+    store.put_value("failover/k", "before").await.unwrap();
+    cluster.kill(victim);
+
+    let start = Instant::now();
+    let mut failures = Vec::new();
+    for i in 0..200 {
+        if let Err(e) = store.put_value("failover/k", format!("{i}")).await {
+            failures.push(format!("put {i}: {e}"));
+        }
+        if let Err(e) = store.get_key("failover/k").await {
+            failures.push(format!("get {i}: {e}"));
+        }
+    }
+    println!(
+        "a_dead_member_fails_no_request: 400 requests in {:?} after killing member {victim}, {} failed",
+        start.elapsed(),
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// When the raft leader dies, a write in flight may fail (as Indeterminate or retryable,
+/// never as anything else), and writes succeed again once a new leader is elected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_dying_costs_at_most_an_election() {
+    let cluster = three().await;
+    let store = cluster.store().await;
+    store.put_value("failover/k", "before").await.unwrap();
+    let killed = cluster.kill_leader().await;
+    let start = Instant::now();
+    let mut last_failure = None;
+    let mut ok_after = None;
+    for i in 0u32.. {
+        match store.put_value("failover/k", format!("{i}")).await {
+            Ok(_) => {
+                if ok_after.is_none() {
+                    ok_after = Some(start.elapsed());
+                }
+                if start.elapsed() > Duration::from_secs(1) {
+                    break;
+                }
+            }
+            Err(e) => {
+                assert!(
+                    matches!(e.class(), ErrorClass::Indeterminate | ErrorClass::Retryable),
+                    "a leader change may only give Indeterminate or Unavailable: {e}"
+                );
+                last_failure = Some(start.elapsed());
+                ok_after = None;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "writes did not recover"
+        );
+    }
+    println!(
+        "the_leader_dying_costs_at_most_an_election: killed member {killed}; last failed write at {last_failure:?}, writes succeed from {ok_after:?}"
+    );
+    // Election timeout 250 ms; a write fails for at most one request timeout (5 s).
+    assert!(ok_after.expect("writes recovered") < Duration::from_secs(6));
+}
+
+fn etcdctl(endpoint: &str) -> Command {
+    let mut c = Command::new("etcdctl");
+    c.env("ETCDCTL_API", "3").arg("--endpoints").arg(endpoint);
+    c
+}
+
+/// A Go client (etcdctl elect, on etcd's concurrency package) and coord campaigning on the
+/// same name share one queue: coord waits behind the Go leader and wins when it resigns,
+/// and the Go observer sees coord's leadership.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coord_and_etcdctl_elect_share_one_queue() {
+    let cluster = EtcdCluster::single()
+        .await
+        .unwrap_or_else(|e| panic!("cannot start etcd: {e}"));
+    let endpoint = cluster.endpoint(0);
+    let store: Arc<DynKvLeaseStore> = Arc::new(cluster.store().await);
+    let mut go = etcdctl(&endpoint)
+        .args(["elect", "interop", "go-leader"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("etcdctl (Debian: etcd-client) must be installed");
+    eventually(PROMPT, "etcdctl to lead", || async {
+        store
+            .leader("interop")
+            .await
+            .is_ok_and(|kv| kv.value == "go-leader".as_bytes())
+    })
+    .await;
+
+    let lease = store.grant(Duration::from_secs(30)).await.unwrap();
+    let s = store.clone();
+    let campaign =
+        tokio::spawn(async move { s.campaign("interop", Bytes::from("coord"), lease.id).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !campaign.is_finished(),
+        "coord must queue behind the Go leader"
+    );
+    let queue = store.get_prefix("interop/").await.unwrap();
+    assert_eq!(queue.count, 2, "one queue: {queue:?}");
+
+    // SIGINT makes etcdctl resign, as an operator's Ctrl-C would.
+    Command::new("kill")
+        .args(["-INT", &go.id().to_string()])
+        .status()
+        .unwrap();
+    let _ = go.wait();
+    let leader = within(PROMPT, "coord to win after etcdctl resigns", campaign)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        store.leader("interop").await.unwrap().value,
+        "coord".as_bytes()
+    );
+
+    let observed = etcdctl(&endpoint)
+        .args(["elect", "-l", "interop"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = observed.id();
+    // `elect -l` follows forever; give it a moment to print the current leader, then stop it.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .unwrap();
+    let out = observed.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("coord"), "etcdctl observed: {text:?}");
+    store.resign(&leader).await.unwrap();
+}
+
+/// A store built on an existing tonic channel works like one built from endpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_can_run_on_a_given_channel() {
+    let cluster = EtcdCluster::single()
+        .await
+        .unwrap_or_else(|e| panic!("cannot start etcd: {e}"));
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", cluster.endpoint(0)))
+            .unwrap()
+            .connect_lazy();
+    let store = EtcdStore::from_channel(channel, cluster.config())
+        .await
+        .unwrap();
+    let rev = store.put_value("channel/k", "v").await.unwrap();
+    assert_eq!(
+        store
+            .get_key("channel/k")
+            .await
+            .unwrap()
+            .unwrap()
+            .mod_revision,
+        rev
+    );
+}
+
+/// An endpoint where nothing listens gives a typed, retryable error that names it, quickly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_endpoint_is_a_clear_error() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let endpoint = format!("127.0.0.1:{port}");
+    let start = Instant::now();
+    let err = EtcdStore::connect(EtcdConfig::new([endpoint.clone()]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Retryable, "{err:?}");
+    let chain = format!("{:?}", err);
+    assert!(
+        chain.contains(&endpoint),
+        "the error names the endpoint: {chain}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
+}
