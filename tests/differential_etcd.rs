@@ -231,6 +231,8 @@ struct Exec<'a> {
     latest: i64,
     leases: Vec<LeaseId>,
     watches: Vec<(Target, WatchStream)>,
+    /// Revisions (absolute) this side compacted at.
+    compactions: Vec<i64>,
 }
 
 impl Exec<'_> {
@@ -504,7 +506,10 @@ impl Exec<'_> {
                 Err(e) => self.err(&e),
             },
             Op::Compact { at } => match s.compact(self.abs(*at)).await {
-                Ok(()) => Outcome::Done,
+                Ok(()) => {
+                    self.compactions.push(self.abs(*at));
+                    Outcome::Done
+                }
                 Err(e) => self.err(&e),
             },
             Op::Watch {
@@ -614,6 +619,7 @@ async fn run_sequence(store: &dyn KvLeaseStore, prefix: String, ops: &[Op]) -> V
         latest: base,
         leases: Vec::new(),
         watches: Vec::new(),
+        compactions: Vec::new(),
     };
     let mut out = Vec::with_capacity(ops.len());
     for op in ops {

@@ -45,6 +45,7 @@
 
 mod election;
 mod error;
+pub mod recipes;
 mod request;
 mod store;
 mod types;

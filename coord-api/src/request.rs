@@ -197,12 +197,16 @@ pub enum CompareTarget {
 /// One condition of a transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Compare {
-    /// The key compared.
+    /// The key compared (with `prefix`: every key starting with it).
     pub key: Bytes,
     /// The relation.
     pub op: CompareOp,
     /// The field and the value it is compared with.
     pub target: CompareTarget,
+    /// Compare every key under `key` as a prefix: the compare holds when it holds for each of
+    /// them, and with no key under the prefix it is judged as on one missing key (so
+    /// `create_revision(prefix) == 0` means "no key under the prefix").
+    pub prefix: bool,
 }
 
 impl Compare {
@@ -211,7 +215,14 @@ impl Compare {
             key: Bytes::from(key.into()),
             op,
             target,
+            prefix: false,
         }
+    }
+
+    /// Applies the compare to every key with this prefix instead of one key.
+    pub fn with_prefix(mut self) -> Self {
+        self.prefix = true;
+        self
     }
 
     /// Compare the key's value.

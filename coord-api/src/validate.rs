@@ -70,6 +70,9 @@ pub fn txn(req: &TxnRequest, limits: &Limits) -> Result<()> {
     let mut bytes = 0;
     for c in &req.compares {
         key("txn compare", &c.key)?;
+        if c.prefix && c.key.is_empty() {
+            return Err(Error::invalid("txn compare: empty prefix"));
+        }
         bytes += c.key.len();
     }
     for branch in [&req.success, &req.failure] {

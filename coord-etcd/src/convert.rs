@@ -97,12 +97,17 @@ fn compare(c: &coord_api::Compare) -> ec::Compare {
         CompareOp::Less => ec::CompareOp::Less,
     };
     let key = c.key.to_vec();
-    match &c.target {
+    let cmp = match &c.target {
         CompareTarget::Value(v) => ec::Compare::value(key, op, v.to_vec()),
         CompareTarget::Version(v) => ec::Compare::version(key, op, *v),
         CompareTarget::CreateRevision(r) => ec::Compare::create_revision(key, op, *r),
         CompareTarget::ModRevision(r) => ec::Compare::mod_revision(key, op, *r),
         CompareTarget::Lease(l) => ec::Compare::lease(key, op, l.0),
+    };
+    if c.prefix {
+        cmp.with_range(KeyRange::Prefix(c.key.clone()).etcd_range_end())
+    } else {
+        cmp
     }
 }
 

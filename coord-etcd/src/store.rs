@@ -394,15 +394,19 @@ fn with_lease(err: Error, lease: Option<LeaseId>) -> Error {
     }
 }
 
-/// The lease a failing transaction most likely named (etcd does not say which).
-fn txn_lease(req: &TxnRequest) -> Option<LeaseId> {
-    req.success
-        .iter()
-        .chain(&req.failure)
-        .find_map(|op| match op {
-            TxnOp::Put(p) => p.lease.filter(|l| !l.is_none()),
-            _ => None,
-        })
+/// The leases a transaction's puts name, success branch first, each once.
+fn txn_leases(req: &TxnRequest) -> Vec<LeaseId> {
+    let mut leases: Vec<LeaseId> = Vec::new();
+    for op in req.success.iter().chain(&req.failure) {
+        if let TxnOp::Put(p) = op {
+            if let Some(l) = p.lease.filter(|l| !l.is_none()) {
+                if !leases.contains(&l) {
+                    leases.push(l);
+                }
+            }
+        }
+    }
+    leases
 }
 
 #[async_trait]
@@ -483,7 +487,26 @@ impl KvLeaseStore for EtcdStore {
                         _ => None,
                     })
                     .unwrap_or(0);
-                let e = with_lease(e, txn_lease(&req));
+                let e = match e {
+                    // etcd does not say which lease is missing; with several, ask.
+                    Error::LeaseNotFound { .. } => {
+                        let leases = txn_leases(&req);
+                        let mut missing = leases.first().copied();
+                        if leases.len() > 1 {
+                            for l in leases {
+                                if matches!(
+                                    self.time_to_live(l).await,
+                                    Err(Error::LeaseNotFound { .. })
+                                ) {
+                                    missing = Some(l);
+                                    break;
+                                }
+                            }
+                        }
+                        with_lease(e, missing)
+                    }
+                    other => other,
+                };
                 Err(self.with_revisions(e, requested).await)
             }
         }

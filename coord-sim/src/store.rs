@@ -29,6 +29,13 @@ pub struct SimConfig {
     /// How often watches that start in the past are caught up (etcd: 100 ms). Until then
     /// they deliver nothing, and a compaction can end them.
     pub watch_sync_interval: Duration,
+    /// Fault: every call waits this long before it reaches the store (a round trip), so
+    /// operations take time and interleave as they do over a network. Zero by default.
+    pub latency: Duration,
+    /// Reproduce etcd 3.4's etcd#19179: a watch from the compaction revision misses the
+    /// deletes made at that revision. On by default (the project runs etcd 3.4); turn it off
+    /// to model an etcd that has the fix.
+    pub compaction_drops_deletes_at_point: bool,
 }
 
 impl Default for SimConfig {
@@ -40,6 +47,8 @@ impl Default for SimConfig {
             seed: 0,
             limits,
             watch_sync_interval: Duration::from_millis(100),
+            compaction_drops_deletes_at_point: true,
+            latency: Duration::ZERO,
         }
     }
 }
@@ -60,6 +69,12 @@ impl SimConfig {
     /// Refuse requests larger than `bytes` (etcd's `--max-request-bytes`).
     pub fn with_max_request_bytes(mut self, bytes: usize) -> Self {
         self.limits.max_request_bytes = bytes;
+        self
+    }
+
+    /// Make every call take `latency` before it reaches the store.
+    pub fn with_latency(mut self, latency: Duration) -> Self {
+        self.latency = latency;
         self
     }
 
@@ -87,6 +102,9 @@ struct Inner {
 
 #[derive(Debug)]
 struct Shared {
+    /// Bumped by [`SimStore::close_streams`]; a keep-alive channel opened under an older
+    /// epoch is dead.
+    stream_epoch: std::sync::atomic::AtomicU64,
     // A std mutex, not tokio's: nothing awaits while holding it (the state machine is
     // synchronous), so the cheaper lock is also the correct one.
     inner: Mutex<Inner>,
@@ -155,6 +173,9 @@ impl Shared {
 #[derive(Debug, Clone)]
 pub struct SimStore {
     shared: Arc<Shared>,
+    /// This handle's connection to the store; clones share it, [`SimStore::connect`] makes a
+    /// new one.
+    link: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Default for SimStore {
@@ -174,8 +195,10 @@ impl SimStore {
     /// # Panics
     /// Outside a Tokio runtime.
     pub fn with_config(config: SimConfig) -> Self {
-        let state = State::new(config.seed, config.limits.min_lease_ttl);
+        let mut state = State::new(config.seed, config.limits.min_lease_ttl);
+        state.set_compaction_drops_deletes_at_point(config.compaction_drops_deletes_at_point);
         let shared = Arc::new(Shared {
+            stream_epoch: std::sync::atomic::AtomicU64::new(0),
             inner: Mutex::new(Inner {
                 state,
                 sinks: BTreeMap::new(),
@@ -187,7 +210,37 @@ impl SimStore {
             Arc::downgrade(&shared),
             shared.deadlines_changed.clone(),
         ));
-        SimStore { shared }
+        SimStore {
+            shared,
+            link: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        }
+    }
+
+    /// Another client of the same store, with its own connection: cutting one client off
+    /// ([`set_cut_off`](Self::set_cut_off)) leaves the others connected.
+    pub fn connect(&self) -> SimStore {
+        SimStore {
+            shared: self.shared.clone(),
+            link: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        }
+    }
+
+    /// Fault: cuts this client off from the store (or reconnects it). While cut off, every
+    /// call and renewal through this handle (and its clones) fails with `Unavailable` and
+    /// changes nothing; the store, its leases' clocks and other clients go on.
+    pub fn set_cut_off(&self, cut: bool) {
+        self.link.store(cut, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn reachable(&self, operation: &'static str) -> Result<()> {
+        reachable(&self.link, operation)
+    }
+
+    async fn travel(&self) {
+        let latency = self.shared.config.latency;
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
     }
 
     /// The configuration the store runs with.
@@ -203,6 +256,25 @@ impl SimStore {
     /// The compaction point (0 before any compaction).
     pub fn compact_revision(&self) -> i64 {
         self.shared.lock().state.compact_revision()
+    }
+
+    /// Fault: ends every open keep-alive channel and watch stream, as a lost connection or an
+    /// etcd leader change does. Each channel fails its next renewal with `StreamClosed` (the
+    /// lease itself lives on), each watch yields `StreamClosed` and ends. New channels and
+    /// watches work as before.
+    pub fn close_streams(&self) {
+        self.shared
+            .stream_epoch
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut inner = self.shared.lock();
+        let sinks = std::mem::take(&mut inner.sinks);
+        for (id, tx) in sinks {
+            inner.state.cancel_watch(id);
+            let _ = tx.send(Err(coord_api::Error::StreamClosed {
+                stream: "watch",
+                source: Some("the simulator closed every stream".into()),
+            }));
+        }
     }
 
     fn limits_ref(&self) -> &Limits {
@@ -256,6 +328,17 @@ async fn background(shared: Weak<Shared>, wake: Arc<Notify>) {
     }
 }
 
+fn reachable(link: &std::sync::atomic::AtomicBool, operation: &'static str) -> Result<()> {
+    if link.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(coord_api::Error::Unavailable {
+            backend: "sim",
+            operation,
+            source: "this client is cut off from the simulated store".into(),
+        });
+    }
+    Ok(())
+}
+
 /// The first tick of the cadence `epoch + k * every` strictly after `now`.
 fn next_tick(epoch: Instant, now: Instant, every: Duration) -> Instant {
     let every_ns = every.as_nanos().max(1);
@@ -281,30 +364,41 @@ impl KvLeaseStore for SimStore {
     }
 
     fn shared(&self) -> Arc<DynKvLeaseStore> {
+        // The same client (same connection), as the trait asks.
         Arc::new(self.clone())
     }
 
     async fn get(&self, req: GetRequest) -> Result<GetResponse> {
+        self.travel().await;
+        self.reachable("get")?;
         validate::get(&req)?;
         self.shared.apply(|s, now| s.get(now, &req))
     }
 
     async fn put(&self, req: PutRequest) -> Result<PutResponse> {
+        self.travel().await;
+        self.reachable("put")?;
         validate::put(&req, self.limits_ref())?;
         self.shared.apply(|s, now| s.put(now, &req))
     }
 
     async fn delete(&self, req: DeleteRequest) -> Result<DeleteResponse> {
+        self.travel().await;
+        self.reachable("delete")?;
         validate::delete(&req)?;
         self.shared.apply(|s, now| s.delete(now, &req))
     }
 
     async fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
+        self.travel().await;
+        self.reachable("txn")?;
         validate::txn(&req, self.limits_ref())?;
         self.shared.apply(|s, now| s.txn(now, &req))
     }
 
     async fn grant(&self, ttl: Duration) -> Result<LeaseGrant> {
+        self.travel().await;
+        self.reachable("grant")?;
         validate::ttl(ttl, self.limits_ref())?;
         let ttl = validate::granted_ttl(ttl, self.limits_ref());
         let grant = self.shared.apply(|s, now| s.grant(now, ttl));
@@ -313,21 +407,32 @@ impl KvLeaseStore for SimStore {
     }
 
     async fn revoke(&self, lease: LeaseId) -> Result<i64> {
+        self.travel().await;
+        self.reachable("revoke")?;
         self.shared.apply(|s, now| s.revoke(now, lease))
     }
 
     async fn time_to_live(&self, lease: LeaseId) -> Result<LeaseTimeToLive> {
+        self.travel().await;
+        self.reachable("time-to-live")?;
         self.shared.apply(|s, now| s.time_to_live(now, lease))
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<Box<dyn KeepAlive>> {
         Ok(Box::new(SimKeepAlive {
+            link: self.link.clone(),
+            epoch: self
+                .shared
+                .stream_epoch
+                .load(std::sync::atomic::Ordering::SeqCst),
             shared: self.shared.clone(),
             lease,
         }))
     }
 
     async fn watch(&self, req: WatchRequest) -> Result<WatchStream> {
+        self.travel().await;
+        self.reachable("watch")?;
         validate::watch(&req)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let id = {
@@ -346,6 +451,8 @@ impl KvLeaseStore for SimStore {
     }
 
     async fn compact(&self, revision: i64) -> Result<()> {
+        self.travel().await;
+        self.reachable("compact")?;
         self.shared.apply(|s, now| s.compact(now, revision))
     }
 }
@@ -426,8 +533,10 @@ fn watch_stream(
 /// A keep-alive channel on a [`SimStore`]: each renewal is one call into the state machine.
 #[derive(Debug)]
 struct SimKeepAlive {
+    link: Arc<std::sync::atomic::AtomicBool>,
     shared: Arc<Shared>,
     lease: LeaseId,
+    epoch: u64,
 }
 
 #[async_trait]
@@ -437,6 +546,21 @@ impl KeepAlive for SimKeepAlive {
     }
 
     async fn renew(&mut self) -> Result<Duration> {
+        let latency = self.shared.config.latency;
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        reachable(&self.link, "keep-alive")?;
+        let epoch = self
+            .shared
+            .stream_epoch
+            .load(std::sync::atomic::Ordering::SeqCst);
+        if epoch != self.epoch {
+            return Err(coord_api::Error::StreamClosed {
+                stream: "keep-alive",
+                source: Some("the simulator closed every stream".into()),
+            });
+        }
         // A renewal only moves a deadline later; the expiry task re-reads the earliest
         // deadline whenever it wakes, so it needs no nudge.
         self.shared.apply(|s, now| s.renew(now, self.lease))

@@ -56,6 +56,7 @@ macro_rules! __coord_cases {
             txn::txn_with_unknown_lease_applies_nothing: Shared,
             txn::txn_delete_prefix_in_branch: Shared,
             txn::txn_put_with_lease_attaches: Shared,
+            txn::txn_prefix_compare_covers_every_key: Shared,
             lease::lease_grant_returns_id_and_ttl: Shared,
             lease::lease_grant_raises_ttl_to_minimum: Shared,
             lease::lease_grant_invalid_ttl_is_refused: Shared,

@@ -332,3 +332,28 @@ pub async fn txn_put_with_lease_attaches(cx: Ctx) {
     s.revoke(lease.id).await.unwrap();
     assert_eq!(s.get_key(cx.key("a")).await.unwrap(), None);
 }
+
+/// A prefix compare holds only if it holds for every key under the prefix; with none, it is
+/// judged as on a missing key, so `create_revision == 0` means "the prefix is empty".
+pub async fn txn_prefix_compare_covers_every_key(cx: Ctx) {
+    let s = cx.store();
+    let p = cx.key("p/");
+    let empty = Compare::create_revision(p.clone(), CompareOp::Equal, 0).with_prefix();
+    assert!(
+        holds(&cx, empty.clone()).await,
+        "an empty prefix is like a missing key"
+    );
+    s.put_value(cx.key("p/a"), "1").await.unwrap();
+    assert!(!holds(&cx, empty).await);
+    s.put_value(cx.key("p/b"), "1").await.unwrap();
+    let all_one = Compare::value(p.clone(), CompareOp::Equal, "1").with_prefix();
+    assert!(holds(&cx, all_one.clone()).await, "every key has value 1");
+    s.put_value(cx.key("p/c"), "2").await.unwrap();
+    assert!(!holds(&cx, all_one).await, "one key differs");
+    s.put_value(cx.key("p0"), "outside").await.unwrap();
+    let versions = Compare::version(p, CompareOp::Equal, 1).with_prefix();
+    assert!(
+        holds(&cx, versions).await,
+        "keys outside the prefix do not count"
+    );
+}

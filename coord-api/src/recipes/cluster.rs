@@ -1,0 +1,394 @@
+//! [`ClusterWatcher`]: who is up under a prefix, as a view and a stream of changes.
+//!
+//! The promise: the events, applied in order to an empty set, give exactly the view; every
+//! net change reaches the consumer, none twice. It lists the prefix, emits `HostUp` for each
+//! host, then watches from the listing's revision + 1 (never from 0, which means "now" to
+//! etcd and loses the gap). When the watch breaks (a compacted start revision, a lost
+//! connection, or silence past [`ClusterWatcherConfig::silence`]), it lists again and emits
+//! the difference between its last view and the new listing: hosts that flapped inside the
+//! gap collapse, but no net change is lost. go-coord's watcher, and etcd's own endpoint
+//! resolver, simply end on compaction.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::error::{Error, Result};
+use crate::request::{GetRequest, WatchRequest};
+use crate::store::DynKvLeaseStore;
+use crate::types::EventKind;
+
+/// What to watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClusterWatcherConfig {
+    /// The prefix hosts register under; a host's name is its key without it.
+    pub prefix: String,
+    /// How long the watch may stay silent (no event, no progress notification) before the
+    /// watcher re-lists to check it is not stuck on a partitioned member (default 60 s).
+    pub silence: Duration,
+    /// How many events may wait for the consumer before the watcher waits for it.
+    pub buffer: usize,
+}
+
+impl ClusterWatcherConfig {
+    /// Watch `prefix`, with the defaults above.
+    pub fn new(prefix: impl Into<String>) -> Self {
+        ClusterWatcherConfig {
+            prefix: prefix.into(),
+            silence: Duration::from_secs(60),
+            buffer: 1024,
+        }
+    }
+
+    /// Re-list after this much silence.
+    pub fn with_silence(mut self, silence: Duration) -> Self {
+        self.silence = silence;
+        self
+    }
+}
+
+/// A change in membership.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClusterEvent {
+    /// A host appeared (or was in the first listing).
+    HostUp {
+        /// The host's name (key without the prefix).
+        host: String,
+        /// Its metadata.
+        metadata: Bytes,
+        /// The revision this was learned at.
+        revision: i64,
+    },
+    /// A host's metadata changed.
+    HostUpdated {
+        /// The host's name.
+        host: String,
+        /// Its new metadata.
+        metadata: Bytes,
+        /// The revision of the change.
+        revision: i64,
+    },
+    /// A host went away.
+    HostDown {
+        /// The host's name.
+        host: String,
+        /// The last metadata seen for it.
+        last_metadata: Bytes,
+        /// The revision this was learned at.
+        revision: i64,
+    },
+    /// The watcher re-listed (after compaction, a broken or silent stream) and emitted the
+    /// difference just before this event.
+    Resynced {
+        /// The listing's revision.
+        revision: i64,
+    },
+}
+
+/// The membership as the watcher knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ClusterView {
+    /// The revision the view is current at.
+    pub revision: i64,
+    /// Host name to metadata.
+    pub hosts: BTreeMap<String, Bytes>,
+}
+
+/// Watches the hosts under a prefix. See the module docs.
+///
+/// # Drop
+/// Dropping the watcher stops it; a consumer loop on [`next`](ClusterWatcher::next) or the
+/// stream then ends.
+///
+/// ```no_run
+/// # async fn run(store: std::sync::Arc<coord_api::DynKvLeaseStore>) -> coord_api::Result<()> {
+/// use coord_api::recipes::{ClusterEvent, ClusterWatcher, ClusterWatcherConfig};
+/// let mut watcher = ClusterWatcher::start(store, ClusterWatcherConfig::new("cluster/hosts/")).await?;
+/// while let Some(event) = watcher.next().await {
+///     if let ClusterEvent::HostDown { host, .. } = event {
+///         println!("{host} is down");
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct ClusterWatcher {
+    view: watch::Receiver<Arc<ClusterView>>,
+    events: mpsc::Receiver<ClusterEvent>,
+    cancel: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl ClusterWatcher {
+    /// Lists the prefix and starts watching. The first listing's hosts are the first
+    /// `HostUp` events.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty prefix; whatever the first listing fails with.
+    pub async fn start(store: Arc<DynKvLeaseStore>, config: ClusterWatcherConfig) -> Result<Self> {
+        if config.prefix.is_empty() {
+            return Err(Error::invalid("cluster watcher: empty prefix"));
+        }
+        let (tx, events) = mpsc::channel(config.buffer.max(1));
+        let (view_tx, view) = watch::channel(Arc::new(ClusterView::default()));
+        let mut w = Worker {
+            store,
+            config,
+            view: ClusterView::default(),
+            view_tx,
+            tx,
+        };
+        let first = w.list().await?;
+        w.apply_listing(first, false).await;
+        let cancel = CancellationToken::new();
+        let span = tracing::info_span!("cluster_watcher", prefix = %w.config.prefix);
+        let task = tokio::spawn(w.run(cancel.clone()).instrument(span));
+        Ok(ClusterWatcher {
+            view,
+            events,
+            cancel,
+            task: Some(task),
+        })
+    }
+
+    /// The current view.
+    pub fn view(&self) -> Arc<ClusterView> {
+        self.view.borrow().clone()
+    }
+
+    /// Follows the view.
+    pub fn subscribe_view(&self) -> watch::Receiver<Arc<ClusterView>> {
+        self.view.clone()
+    }
+
+    /// The next change; `None` once the watcher stopped.
+    pub async fn next(&mut self) -> Option<ClusterEvent> {
+        self.events.recv().await
+    }
+
+    /// The changes as a stream, which ends when the watcher stops (the stream owns it).
+    pub fn into_stream(self) -> BoxStream<'static, ClusterEvent> {
+        futures::stream::unfold(self, |mut w| async move { w.next().await.map(|e| (e, w)) }).boxed()
+    }
+
+    /// Stops the watcher; events already queued can still be read, then `next` returns `None`.
+    pub async fn stop(&mut self) {
+        self.cancel.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for ClusterWatcher {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+struct Worker {
+    store: Arc<DynKvLeaseStore>,
+    config: ClusterWatcherConfig,
+    view: ClusterView,
+    view_tx: watch::Sender<Arc<ClusterView>>,
+    tx: mpsc::Sender<ClusterEvent>,
+}
+
+/// A listing: revision and hosts.
+type Listing = (i64, BTreeMap<String, Bytes>);
+
+impl Worker {
+    fn host(&self, key: &[u8]) -> String {
+        String::from_utf8_lossy(&key[self.config.prefix.len().min(key.len())..]).into_owned()
+    }
+
+    async fn list(&self) -> Result<Listing> {
+        let r = self
+            .store
+            .get(GetRequest::prefix(self.config.prefix.clone()))
+            .await?;
+        let hosts = r
+            .kvs
+            .iter()
+            .map(|kv| (self.host(&kv.key), kv.value.clone()))
+            .collect();
+        Ok((r.revision, hosts))
+    }
+
+    async fn emit(&self, e: ClusterEvent) {
+        // A consumer that went away is not an error; the task ends on cancel.
+        let _ = self.tx.send(e).await;
+    }
+
+    fn publish(&self) {
+        self.view_tx.send_replace(Arc::new(self.view.clone()));
+    }
+
+    /// Emits the difference between the view and a listing, and adopts the listing.
+    async fn apply_listing(&mut self, (revision, hosts): Listing, resync: bool) {
+        let old = std::mem::take(&mut self.view.hosts);
+        for (host, md) in &old {
+            if !hosts.contains_key(host) {
+                self.emit(ClusterEvent::HostDown {
+                    host: host.clone(),
+                    last_metadata: md.clone(),
+                    revision,
+                })
+                .await;
+            }
+        }
+        for (host, md) in &hosts {
+            match old.get(host) {
+                None => {
+                    self.emit(ClusterEvent::HostUp {
+                        host: host.clone(),
+                        metadata: md.clone(),
+                        revision,
+                    })
+                    .await
+                }
+                Some(prev) if prev != md => {
+                    self.emit(ClusterEvent::HostUpdated {
+                        host: host.clone(),
+                        metadata: md.clone(),
+                        revision,
+                    })
+                    .await
+                }
+                Some(_) => {}
+            }
+        }
+        self.view = ClusterView { revision, hosts };
+        self.publish();
+        if resync {
+            self.emit(ClusterEvent::Resynced { revision }).await;
+        }
+    }
+
+    async fn run(mut self, cancel: CancellationToken) {
+        loop {
+            let outcome = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return,
+                o = self.follow() => o,
+            };
+            tracing::warn!(reason = %outcome, revision = self.view.revision, "watch broken; re-listing");
+            // Re-list until it works and is not behind what we have seen.
+            let mut delay = Duration::from_millis(100);
+            loop {
+                let listed = tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => return,
+                    l = self.list() => l,
+                };
+                match listed {
+                    Ok(l) if l.0 >= self.view.revision => {
+                        self.apply_listing(l, true).await;
+                        tracing::info!(
+                            revision = self.view.revision,
+                            hosts = self.view.hosts.len(),
+                            "watcher resynced"
+                        );
+                        break;
+                    }
+                    Ok(l) => tracing::warn!(
+                        listed = l.0,
+                        seen = self.view.revision,
+                        "listing older than the view (stale member?); rejected"
+                    ),
+                    Err(e) => {
+                        tracing::debug!(error = &e as &dyn std::error::Error, "re-list failed")
+                    }
+                }
+                tokio::select! {
+                    biased;
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+
+    /// Applies the watch from the view's revision + 1 until it breaks; says why.
+    async fn follow(&mut self) -> String {
+        let req = WatchRequest::prefix(self.config.prefix.clone())
+            .with_start_revision(self.view.revision + 1)
+            .with_progress_notify();
+        let mut stream = match self.store.watch(req).await {
+            Ok(s) => s,
+            Err(e) => return format!("could not open the watch: {e}"),
+        };
+        loop {
+            let item = match tokio::time::timeout(self.config.silence, stream.next()).await {
+                Err(_) => return format!("silent for {:?}", self.config.silence),
+                Ok(None) => return "the stream ended".into(),
+                Ok(Some(Err(e))) => return e.to_string(),
+                Ok(Some(Ok(batch))) => batch,
+            };
+            for event in item.events {
+                let rev = event.kv.mod_revision;
+                if rev <= self.view.revision {
+                    // A watch must never go back in time (etcd#15271); a replay of what we
+                    // have is rejected rather than applied twice.
+                    tracing::warn!(
+                        revision = rev,
+                        view = self.view.revision,
+                        "event older than the view; rejected"
+                    );
+                    continue;
+                }
+                let host = self.host(&event.kv.key);
+                match event.kind {
+                    EventKind::Put => {
+                        let prev = self.view.hosts.insert(host.clone(), event.kv.value.clone());
+                        self.view.revision = rev;
+                        self.publish();
+                        let e = match prev {
+                            None => ClusterEvent::HostUp {
+                                host,
+                                metadata: event.kv.value,
+                                revision: rev,
+                            },
+                            Some(p) if p != event.kv.value => ClusterEvent::HostUpdated {
+                                host,
+                                metadata: event.kv.value,
+                                revision: rev,
+                            },
+                            Some(_) => continue,
+                        };
+                        self.emit(e).await;
+                    }
+                    EventKind::Delete => {
+                        self.view.revision = rev;
+                        let prev = self.view.hosts.remove(&host);
+                        self.publish();
+                        if let Some(last_metadata) = prev {
+                            self.emit(ClusterEvent::HostDown {
+                                host,
+                                last_metadata,
+                                revision: rev,
+                            })
+                            .await;
+                        }
+                    }
+                }
+            }
+            // A progress notification (or a batch's header) says everything up to its
+            // revision has been delivered.
+            if item.revision > self.view.revision {
+                self.view.revision = item.revision;
+                self.publish();
+            }
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! The recipes: what services use coord for, written once on [`KvLeaseStore`] so that every
+//! backend (and the simulator) runs the same code.
+//!
+//! | recipe | what it does |
+//! |---|---|
+//! | [`Session`] | one lease kept alive at TTL/3, with a local deadline |
+//! | [`HostRegistration`] | a host's key under a lease, healing itself, removed by `stop()` |
+//! | [`ClusterWatcher`] | the hosts under a prefix: a view and HostUp/HostDown, gap-free across compaction |
+//! | [`Election`] / [`Leadership`] | leader election with a fencing token and a loss signal |
+//! | [`ElectionPool`] | many elections on one self-replacing session |
+//!
+//! Every recipe logs its lifecycle with `tracing` (registered, healed, lost, leader acquired
+//! and lost, watcher resynced) and never installs a subscriber.
+//!
+//! [`KvLeaseStore`]: crate::KvLeaseStore
+
+mod backoff;
+mod cluster;
+mod leadership;
+mod pool;
+mod registration;
+mod session;
+
+pub use backoff::Backoff;
+pub use cluster::{ClusterEvent, ClusterView, ClusterWatcher, ClusterWatcherConfig};
+pub use leadership::{Election, Leadership};
+pub use pool::{ElectionPool, PoolStats};
+pub use registration::{HostRegistration, RegistrationConfig, RegistrationStatus};
+pub use session::{Session, SessionConfig, SessionEnd, SessionHandle};
