@@ -222,3 +222,79 @@ async fn an_unreachable_endpoint_is_a_clear_error() {
         start.elapsed()
     );
 }
+
+/// Through the harness's TCP proxy: a reset partition fails requests at once (retryable), a
+/// blackhole makes them time out (a read as retryable, a write as indeterminate: it may have
+/// been applied), and healing restores service. Nothing hangs past the request timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_client_gets_typed_errors_and_recovers() {
+    use coord_etcd::testing::TcpProxy;
+    let cluster = EtcdCluster::single()
+        .await
+        .unwrap_or_else(|e| panic!("cannot start etcd: {e}"));
+    let target = cluster.endpoint(0).parse().unwrap();
+    let proxy = TcpProxy::start(target).await.unwrap();
+    let timeout = Duration::from_secs(1);
+    let config = EtcdConfig::new([proxy.endpoint()])
+        .with_request_timeout(timeout)
+        .with_keep_alive(Some((
+            Duration::from_millis(300),
+            Duration::from_millis(300),
+        )));
+    let store = EtcdStore::connect(config).await.unwrap();
+    store.put_value("p/k", "1").await.unwrap();
+
+    proxy.reset();
+    let start = Instant::now();
+    let err = store.put_value("p/k", "2").await.unwrap_err();
+    assert!(
+        matches!(
+            err.class(),
+            ErrorClass::Retryable | ErrorClass::Indeterminate
+        ),
+        "{err:?}"
+    );
+    assert!(
+        start.elapsed() <= timeout + Duration::from_millis(500),
+        "{:?}",
+        start.elapsed()
+    );
+
+    proxy.heal();
+    eventually(
+        Duration::from_secs(5),
+        "service to return after the heal",
+        || async { store.put_value("p/k", "3").await.is_ok() },
+    )
+    .await;
+
+    proxy.blackhole();
+    let start = Instant::now();
+    let read = store.get_key("p/k").await.unwrap_err();
+    assert_eq!(read.class(), ErrorClass::Retryable, "{read:?}");
+    let write = store.put_value("p/k", "4").await.unwrap_err();
+    assert!(
+        matches!(
+            write.class(),
+            ErrorClass::Indeterminate | ErrorClass::Retryable
+        ),
+        "{write:?}"
+    );
+    assert!(
+        start.elapsed() <= timeout * 2 + Duration::from_millis(500),
+        "{:?}",
+        start.elapsed()
+    );
+
+    proxy.heal();
+    eventually(
+        Duration::from_secs(5),
+        "service to return after the blackhole",
+        || async { store.put_value("p/k", "5").await.is_ok() },
+    )
+    .await;
+    assert_eq!(
+        store.get_key("p/k").await.unwrap().unwrap().value,
+        "5".as_bytes()
+    );
+}

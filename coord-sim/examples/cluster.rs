@@ -1,185 +1,148 @@
-//! A small cluster on the embedded simulator: four hosts register under leases, a watcher
-//! follows who is up, and the hosts elect a leader. Along the way one host crashes (its lease
-//! is left to expire), the leader steps down gracefully, the store is compacted, and a new
-//! host joins. Everything runs in virtual time, so 40 simulated seconds take milliseconds.
+//! A small cluster: four hosts register under leases (self-healing), each watches the others,
+//! and they elect a leader with a fencing token. Along the way every stream is closed, the
+//! store is compacted, and the leader crashes; the timeline shows what each host saw.
 //!
-//! Run it with `cargo run -p coord-sim --example cluster`.
+//! On the embedded simulator (the default) it runs in virtual time, so 40 simulated seconds
+//! take milliseconds:
+//!
+//! ```text
+//! cargo run -p coord-sim --example cluster
+//! ```
+//!
+//! On a real etcd (the same code, in real time; the stream-close fault is simulator-only):
+//!
+//! ```text
+//! cargo run -p coord-sim --features etcd --example cluster -- --etcd 127.0.0.1:2379
+//! ```
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use coord_api::{
-    Bytes, DynKvLeaseStore, EventKind, GetRequest, KvLeaseStore, KvLeaseStoreExt, PutRequest,
-    WatchRequest,
+use coord_api::recipes::{
+    ClusterEvent, ClusterWatcher, ClusterWatcherConfig, Election, HostRegistration,
+    RegistrationConfig, Session, SessionConfig,
 };
+use coord_api::{DynKvLeaseStore, KvLeaseStore, KvLeaseStoreExt};
 use coord_sim::SimStore;
-use futures::StreamExt;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, Instant};
 
-const HOSTS: &str = "cluster/hosts/";
-const ELECTION: &str = "cluster/leader";
+const PREFIX: &str = "example/hosts/";
+const ELECTION: &str = "example/leader";
 const TTL: Duration = Duration::from_secs(5);
 
-/// Prints a line stamped with the simulated time since the start.
+/// Prints a line stamped with the time since the start.
 fn say(start: Instant, who: &str, what: impl std::fmt::Display) {
     let t = start.elapsed().as_secs_f64();
     println!("[{t:7.3}s] {who:<8} {what}");
 }
 
-/// A host: registers under a lease, renews it every TTL/3, and campaigns for leadership.
-/// Aborting its task is a crash: renewals stop and the lease is left to expire.
-fn spawn_host(
-    store: Arc<DynKvLeaseStore>,
-    start: Instant,
-    name: &'static str,
-) -> (JoinHandle<()>, tokio::sync::oneshot::Sender<()>) {
-    let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        let lease = store.grant(TTL).await.expect("grant");
-        store
-            .put(
-                PutRequest::new(format!("{HOSTS}{name}"), format!("{name}.example:8080"))
-                    .with_lease(lease.id),
-            )
-            .await
-            .expect("register");
+/// A host: registers itself, watches the cluster, and campaigns. Aborting its task is a
+/// crash: renewals stop, nothing is revoked, its key and leadership expire after the TTL.
+fn spawn_host(store: Arc<DynKvLeaseStore>, start: Instant, name: &'static str) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let reg = HostRegistration::start(
+            store.clone(),
+            RegistrationConfig::new(format!("{PREFIX}{name}"), format!("{name}.example:8080"))
+                .with_ttl(TTL),
+        )
+        .await
+        .expect("register");
         say(
             start,
             name,
-            format_args!("registered under lease {} (TTL {:?})", lease.id, lease.ttl),
+            format_args!("registered under lease {}", reg.lease_id()),
         );
 
-        // Renewals run in this task, so aborting it (a crash) stops them too.
-        let mut channel = store.keep_alive(lease.id).await.expect("keep-alive");
-        let mut renew = tokio::time::interval_at(Instant::now() + TTL / 3, TTL / 3);
-        let campaign = store.campaign(ELECTION, Bytes::from(name), lease.id);
-        tokio::pin!(campaign);
-        let mut leader = None;
-        loop {
-            tokio::select! {
-                biased;
-                _ = &mut stop_rx => break,
-                _ = renew.tick() => {
-                    if let Err(err) = channel.renew().await {
-                        say(start, name, format_args!("lease lost: {err}"));
-                        return;
-                    }
-                }
-                won = &mut campaign, if leader.is_none() => {
-                    let key = won.expect("campaign");
-                    say(start, name, format_args!("became leader (fencing token {})", key.revision));
-                    leader = Some(key);
-                }
-            }
-        }
-        // Graceful stop: resign, then revoke; the key disappears at once.
-        if let Some(key) = &leader {
-            store.resign(key).await.expect("resign");
-            say(start, name, "resigned");
-        }
-        store.revoke(lease.id).await.expect("revoke");
-        say(start, name, "stopped: lease revoked");
-    });
-    (task, stop_tx)
-}
-
-/// The membership watcher: snapshot, then watch from the snapshot's revision + 1.
-fn spawn_watcher(store: Arc<DynKvLeaseStore>, start: Instant) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let snapshot = store
-            .get(GetRequest::prefix(HOSTS))
-            .await
-            .expect("snapshot");
-        let names: Vec<_> = snapshot.kvs.iter().map(|kv| host_name(&kv.key)).collect();
-        say(
-            start,
-            "watcher",
-            format_args!("snapshot at revision {}: {names:?}", snapshot.revision),
-        );
-        let mut events = store
-            .watch(
-                WatchRequest::prefix(HOSTS)
-                    .with_start_revision(snapshot.revision + 1)
-                    .with_prev_kv(),
-            )
+        let mut watcher = ClusterWatcher::start(store.clone(), ClusterWatcherConfig::new(PREFIX))
             .await
             .expect("watch");
-        while let Some(Ok(batch)) = events.next().await {
-            for e in batch.events {
-                let host = host_name(&e.kv.key);
-                match (e.kind, &e.prev_kv) {
-                    (EventKind::Put, None) => say(
-                        start,
-                        "watcher",
-                        format_args!(
-                            "HostUp   {host} at {} (revision {})",
-                            e.kv.value_str(),
-                            e.kv.mod_revision
-                        ),
-                    ),
-                    (EventKind::Put, Some(_)) => {
-                        say(start, "watcher", format_args!("HostUpdated {host}"))
-                    }
-                    (EventKind::Delete, _) => say(
-                        start,
-                        "watcher",
-                        format_args!("HostDown {host} (revision {})", e.kv.mod_revision),
-                    ),
+        let session = Session::new(store.clone(), SessionConfig::default().with_ttl(TTL))
+            .await
+            .expect("session");
+        let election = Election::new(&session, ELECTION);
+        let campaign = election.campaign(name);
+        tokio::pin!(campaign);
+        let mut leading = None;
+        loop {
+            tokio::select! {
+                won = &mut campaign, if leading.is_none() => {
+                    let l = won.expect("campaign");
+                    say(start, name, format_args!("became leader (fencing token {})", l.token()));
+                    leading = Some(l);
                 }
+                event = watcher.next() => match event {
+                    Some(ClusterEvent::HostUp { host, .. }) if host != name => say(start, name, format_args!("sees {host} up")),
+                    Some(ClusterEvent::HostDown { host, .. }) if host != name => say(start, name, format_args!("sees {host} down")),
+                    Some(ClusterEvent::Resynced { revision }) => say(start, name, format_args!("watcher re-listed at revision {revision}")),
+                    Some(_) => {}
+                    None => return,
+                },
             }
         }
     })
 }
 
-/// Follows the election and prints each leader.
-fn spawn_observer(store: Arc<DynKvLeaseStore>, start: Instant) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut leaders = store.observe(ELECTION).await.expect("observe");
-        while let Some(Ok(kv)) = leaders.next().await {
+async fn store_from_args() -> (Arc<DynKvLeaseStore>, Option<SimStore>) {
+    let args: Vec<String> = std::env::args().collect();
+    match args.iter().position(|a| a == "--etcd") {
+        None => {
+            let sim = SimStore::new();
+            (Arc::new(sim.clone()), Some(sim))
+        }
+        Some(i) => {
+            let endpoints = args
+                .get(i + 1)
+                .expect("--etcd needs ENDPOINTS (host:port,...)");
+            (etcd(endpoints).await, None)
+        }
+    }
+}
+
+#[cfg(feature = "etcd")]
+async fn etcd(endpoints: &str) -> Arc<DynKvLeaseStore> {
+    let config = coord_etcd::EtcdConfig::new(endpoints.split(','));
+    Arc::new(
+        coord_etcd::EtcdStore::connect(config)
+            .await
+            .expect("connect to etcd"),
+    )
+}
+
+#[cfg(not(feature = "etcd"))]
+async fn etcd(_: &str) -> Arc<DynKvLeaseStore> {
+    eprintln!("--etcd needs the etcd backend: cargo run -p coord-sim --features etcd --example cluster -- --etcd ENDPOINTS");
+    std::process::exit(2);
+}
+
+async fn run(store: Arc<DynKvLeaseStore>, sim: Option<SimStore>) {
+    let start = Instant::now();
+    let on = if sim.is_some() {
+        "the embedded simulator (virtual time)"
+    } else {
+        "etcd (real time)"
+    };
+    println!("coord example: 4 hosts on {on}; lease TTL {TTL:?}\n");
+
+    let mut hosts = vec![("node-a", spawn_host(store.clone(), start, "node-a"))];
+    sleep(Duration::from_millis(50)).await;
+    for name in ["node-b", "node-c"] {
+        hosts.push((name, spawn_host(store.clone(), start, name)));
+        sleep(Duration::from_millis(50)).await;
+    }
+
+    sleep(Duration::from_secs(5)).await;
+    match &sim {
+        Some(sim) => {
             say(
                 start,
-                "observer",
-                format_args!(
-                    "leader is now {} (token {})",
-                    kv.value_str(),
-                    kv.create_revision
-                ),
+                "chaos",
+                "every keep-alive and watch stream is closed",
             );
+            sim.close_streams();
         }
-    })
-}
-
-fn host_name(key: &[u8]) -> String {
-    String::from_utf8_lossy(&key[HOSTS.len()..]).into_owned()
-}
-
-#[tokio::main(flavor = "current_thread", start_paused = true)]
-async fn main() {
-    let store: Arc<DynKvLeaseStore> = Arc::new(SimStore::new());
-    let start = Instant::now();
-    println!("coord example: a 4-host cluster on the embedded simulator (virtual time, lease TTL {TTL:?})\n");
-
-    let (a, _stop_a) = spawn_host(store.clone(), start, "node-a");
-    sleep(Duration::from_millis(10)).await;
-    let (_b, stop_b) = spawn_host(store.clone(), start, "node-b");
-    sleep(Duration::from_millis(10)).await;
-    let (_c, stop_c) = spawn_host(store.clone(), start, "node-c");
-    sleep(Duration::from_secs(1)).await;
-    let watcher = spawn_watcher(store.clone(), start);
-    let observer = spawn_observer(store.clone(), start);
-
-    sleep(Duration::from_secs(9)).await;
-    say(
-        start,
-        "chaos",
-        "node-a crashes: no more renewals, no revoke; its lease must expire",
-    );
-    a.abort();
-
-    sleep(Duration::from_secs(10)).await;
-    say(start, "chaos", "node-b (now leader) stops gracefully");
-    stop_b.send(()).ok();
+        None => say(start, "chaos", "(stream closes are simulator-only)"),
+    }
 
     sleep(Duration::from_secs(5)).await;
     let rev = store.current_revision().await.expect("revision");
@@ -187,28 +150,51 @@ async fn main() {
     say(
         start,
         "chaos",
-        format_args!("store compacted at revision {rev}: the live watcher is unaffected"),
+        format_args!("store compacted at revision {rev}"),
     );
-    let (_d, stop_d) = spawn_host(store.clone(), start, "node-d");
+    hosts.push(("node-d", spawn_host(store.clone(), start, "node-d")));
 
-    sleep(Duration::from_secs(10)).await;
+    sleep(Duration::from_secs(5)).await;
+    let leader = store.leader(ELECTION).await.expect("a leader");
+    let name = leader.value_str().into_owned();
     say(
         start,
         "chaos",
-        "shutting down: node-c and node-d stop gracefully",
+        format_args!("the leader, {name}, crashes: no revoke, its lease must expire"),
     );
-    stop_c.send(()).ok();
-    sleep(Duration::from_millis(100)).await;
-    stop_d.send(()).ok();
-    sleep(Duration::from_millis(100)).await;
+    if let Some(i) = hosts.iter().position(|(n, _)| *n == name) {
+        hosts.remove(i).1.abort();
+    }
 
-    let left = store.get_prefix(HOSTS).await.expect("final read");
+    sleep(TTL * 3).await;
+    let left = store.get_prefix(PREFIX).await.expect("final listing");
+    let leader = store
+        .leader(ELECTION)
+        .await
+        .map(|kv| kv.value_str().into_owned());
     println!(
-        "\nsummary: {:.1} s simulated; {} hosts registered at the end; store at revision {}",
+        "\nsummary: {:.1} s; {} hosts registered; leader {}; store at revision {}",
         start.elapsed().as_secs_f64(),
         left.count,
+        leader.unwrap_or_else(|e| e.to_string()),
         left.revision
     );
-    watcher.abort();
-    observer.abort();
+    for (_, h) in hosts {
+        h.abort();
+    }
+}
+
+fn main() {
+    let etcd = std::env::args().any(|a| a == "--etcd");
+    let mut rt = tokio::runtime::Builder::new_current_thread();
+    rt.enable_all();
+    if !etcd {
+        // Virtual time: sleeps and TTLs pass as soon as every task waits on the clock.
+        rt.start_paused(true);
+    }
+    let rt = rt.build().expect("runtime");
+    rt.block_on(async {
+        let (store, sim) = store_from_args().await;
+        run(store, sim).await;
+    });
 }
