@@ -28,8 +28,16 @@ pub enum ProxyMode {
 #[derive(Debug)]
 pub struct TcpProxy {
     addr: SocketAddr,
-    mode: watch::Sender<ProxyMode>,
+    mode: watch::Sender<State>,
     task: JoinHandle<()>,
+}
+
+/// The proxy's mode, and a generation that every open connection was born in: bumping it
+/// closes them, whatever the mode is by the time they look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct State {
+    mode: ProxyMode,
+    generation: u64,
 }
 
 impl TcpProxy {
@@ -37,10 +45,13 @@ impl TcpProxy {
     pub async fn start(target: SocketAddr) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let (mode, modes) = watch::channel(ProxyMode::Pass);
+        let (mode, modes) = watch::channel(State {
+            mode: ProxyMode::Pass,
+            generation: 0,
+        });
         let task = tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
-                if *modes.borrow() == ProxyMode::Reset {
+                if modes.borrow().mode == ProxyMode::Reset {
                     drop(inbound);
                     continue;
                 }
@@ -62,7 +73,18 @@ impl TcpProxy {
 
     /// Switches the mode; existing connections follow at once.
     pub fn set_mode(&self, mode: ProxyMode) {
-        self.mode.send_replace(mode);
+        self.mode.send_modify(|s| {
+            if mode == ProxyMode::Reset {
+                s.generation += 1;
+            }
+            s.mode = mode;
+        });
+    }
+
+    /// Closes every open connection (so every stream on them ends) and keeps accepting new
+    /// ones: what a client sees when its etcd member restarts or a middlebox drops it.
+    pub fn close_connections(&self) {
+        self.mode.send_modify(|s| s.generation += 1);
     }
 
     /// Drops all traffic silently.
@@ -94,7 +116,7 @@ impl Drop for TcpProxy {
     }
 }
 
-async fn relay(a: TcpStream, b: TcpStream, modes: watch::Receiver<ProxyMode>) {
+async fn relay(a: TcpStream, b: TcpStream, modes: watch::Receiver<State>) {
     let (ar, aw) = a.into_split();
     let (br, bw) = b.into_split();
     let up = pump(ar, bw, modes.clone());
@@ -109,8 +131,9 @@ async fn relay(a: TcpStream, b: TcpStream, modes: watch::Receiver<ProxyMode>) {
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut modes: watch::Receiver<ProxyMode>,
+    mut modes: watch::Receiver<State>,
 ) {
+    let born = modes.borrow().generation;
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         let n = tokio::select! {
@@ -119,13 +142,17 @@ async fn pump(
                 Ok(n) => n,
             },
             changed = modes.changed() => {
-                if changed.is_err() || *modes.borrow() == ProxyMode::Reset {
+                if changed.is_err() || modes.borrow().generation != born {
                     return;
                 }
                 continue;
             }
         };
-        let mode = *modes.borrow();
+        let state = *modes.borrow();
+        if state.generation != born {
+            return;
+        }
+        let mode = state.mode;
         match mode {
             ProxyMode::Pass => {}
             ProxyMode::Blackhole => continue,

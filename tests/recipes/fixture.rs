@@ -1,0 +1,58 @@
+//! What a recipe test needs from a backend: a store, clients whose connection a test can
+//! break, and the backend's timing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_api::DynKvLeaseStore;
+
+/// One client of the store whose connection a test controls.
+pub(crate) struct Client {
+    /// The client's store handle.
+    pub(crate) store: Arc<DynKvLeaseStore>,
+    control: Box<dyn Control>,
+}
+
+impl Client {
+    pub(crate) fn new(store: Arc<DynKvLeaseStore>, control: impl Control + 'static) -> Self {
+        Client {
+            store,
+            control: Box::new(control),
+        }
+    }
+
+    /// Ends every keep-alive and watch stream of the client; new ones work.
+    pub(crate) async fn close_streams(&self) {
+        self.control.close_streams().await
+    }
+
+    /// Cuts the client off from the store, or reconnects it.
+    pub(crate) fn cut_off(&self, on: bool) {
+        self.control.cut_off(on)
+    }
+}
+
+/// How a backend breaks one client's connection.
+#[coord_api::async_trait]
+pub(crate) trait Control: Send + Sync {
+    async fn close_streams(&self);
+    fn cut_off(&self, on: bool);
+}
+
+/// A backend for the recipe tests.
+#[coord_api::async_trait]
+pub(crate) trait Fixture: Send + Sync {
+    /// A store handle nobody cuts off (the "rest of the world").
+    fn store(&self) -> Arc<DynKvLeaseStore>;
+    /// A fresh client with its own connection.
+    async fn client(&self) -> Client;
+    /// The TTL recipes use here.
+    fn ttl(&self) -> Duration;
+    /// How late the backend may be against exact timing: 0 in virtual time; etcd's 500 ms
+    /// expiry tick plus scheduling on a loaded machine on real etcd.
+    fn slack(&self) -> Duration;
+    /// A store whose every call takes some time, so operations interleave (for races).
+    async fn slow_store(&self) -> Arc<DynKvLeaseStore>;
+    /// Offsets (ms) at which to land a `stop()` inside a heal.
+    fn stop_offsets(&self) -> Vec<u64>;
+}
