@@ -20,6 +20,19 @@
 //! }
 //! ```
 //!
+//! # Recipes
+//!
+//! [`recipes`] holds what services use coord for, written once on the trait: a [`Session`]
+//! with a local deadline, a self-healing [`HostRegistration`], a gap-free [`ClusterWatcher`],
+//! [`Election`]s whose [`Leadership`] carries a fencing token, and an [`ElectionPool`].
+//!
+//! [`Session`]: recipes::Session
+//! [`HostRegistration`]: recipes::HostRegistration
+//! [`ClusterWatcher`]: recipes::ClusterWatcher
+//! [`Election`]: recipes::Election
+//! [`Leadership`]: recipes::Leadership
+//! [`ElectionPool`]: recipes::ElectionPool
+//!
 //! # Backends
 //!
 //! * `coord-sim`: `SimStore`, an in-memory store that behaves like etcd 3.4, in virtual time.

@@ -24,6 +24,14 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Faults
+//!
+//! In process, without a simulated network: [`SimStore::close_streams`] ends every keep-alive
+//! channel and watch (a lost connection, an etcd leader change), [`SimStore::connect`] plus
+//! [`SimStore::set_cut_off`] cuts one client off, [`SimConfig::with_latency`] makes every call
+//! take time, and the trait itself revokes leases and deletes keys from outside. Compaction is
+//! a trait call.
+//!
 //! # Determinism
 //!
 //! All time comes from `tokio::time`, lease ids from [`SimConfig::seed`], and every collection
