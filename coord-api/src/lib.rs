@@ -47,7 +47,7 @@
 //!
 //! | feature     | what it adds |
 //! |-------------|--------------|
-//! | `test-util` | [`testkit`]: the conformance suite every backend runs, and [`conformance_tests!`]. Not API-stable. |
+//! | `test-util` | `testkit`: the conformance suite every backend runs, and `conformance_tests!`. Not API-stable. |
 //!
 //! # Cancellation and shutdown
 //!

@@ -17,7 +17,7 @@
 //!
 //! | feature     | what it adds |
 //! |-------------|--------------|
-//! | `test-util` | [`testing`]: start one etcd or a three-member cluster on free loopback ports; kill, pause, restart members; a TCP proxy to cut a client off. Needs the `etcd` binary (Debian: `etcd-server`). |
+//! | `test-util` | `testing`: start one etcd or a three-member cluster on free loopback ports; kill, pause, restart members; a TCP proxy to cut a client off. Needs the `etcd` binary (Debian: `etcd-server`). |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -1,4 +1,4 @@
-//! The conformance suite: one set of cases every [`KvLeaseStore`] backend must pass, with the
+//! The conformance suite: one set of cases every [`KvLeaseStore`](crate::KvLeaseStore) backend must pass, with the
 //! same assertions, so that a test that passes on the simulator predicts the same behaviour on
 //! etcd. Not API-stable; breaking changes may land in minor releases.
 //!
