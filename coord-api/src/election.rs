@@ -60,6 +60,16 @@ pub(crate) async fn campaign<S: KvLeaseStore + ?Sized>(
 ) -> Result<LeaderKey> {
     validate::election_name(name)?;
     let key = candidate_key(name, lease);
+    let mut leader = LeaderKey {
+        name: name.to_owned(),
+        key: Bytes::from(key.clone()),
+        // Unknown until the transaction answers; the guard then deletes by lease.
+        revision: 0,
+        lease,
+    };
+    // Armed before the write: a reply lost in flight (Indeterminate) or a cancellation while
+    // it is outstanding must not leave a candidate queued that nobody waits for.
+    let mut guard = CleanupGuard::new(store.shared(), leader.clone());
     let resp = store
         .txn(
             TxnRequest::new()
@@ -68,12 +78,7 @@ pub(crate) async fn campaign<S: KvLeaseStore + ?Sized>(
                 .or_else([GetRequest::key(key.clone())]),
         )
         .await?;
-    let mut leader = LeaderKey {
-        name: name.to_owned(),
-        key: Bytes::from(key),
-        revision: resp.revision,
-        lease,
-    };
+    leader.revision = resp.revision;
     if !resp.succeeded {
         // Our key already exists (this lease campaigned before): rejoin at its place.
         let existing = resp
@@ -94,7 +99,7 @@ pub(crate) async fn campaign<S: KvLeaseStore + ?Sized>(
         }
     }
 
-    let mut guard = CleanupGuard::new(store.shared(), leader.clone());
+    guard.leader = leader.clone();
     tracing::debug!(election = name, key = %String::from_utf8_lossy(&leader.key), revision = leader.revision, "campaign queued");
     match wait_for_turn(store, &leader).await {
         Ok(()) => {
@@ -193,7 +198,7 @@ impl Drop for CleanupGuard {
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(async move {
-                    if let Err(err) = resign(&*store, &leader).await {
+                    if let Err(err) = withdraw(&*store, &leader).await {
                         tracing::warn!(
                             election = %leader.name,
                             error = &err as &dyn std::error::Error,
@@ -208,6 +213,26 @@ impl Drop for CleanupGuard {
             ),
         }
     }
+}
+
+/// Deletes a candidate key that is ours: by create revision when known, else by lease (the
+/// key's name embeds our lease, so a key under it with our lease can only be ours).
+async fn withdraw<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) -> Result<()> {
+    if leader.revision != 0 {
+        return resign(store, leader).await;
+    }
+    store
+        .txn(
+            TxnRequest::new()
+                .when([Compare::lease(
+                    leader.key.to_vec(),
+                    CompareOp::Equal,
+                    leader.lease,
+                )])
+                .and_then([DeleteRequest::key(leader.key.to_vec())]),
+        )
+        .await?;
+    Ok(())
 }
 
 pub(crate) async fn proclaim<S: KvLeaseStore + ?Sized>(

@@ -29,8 +29,10 @@
 //! In process, without a simulated network: [`SimStore::close_streams`] ends every keep-alive
 //! channel and watch (a lost connection, an etcd leader change), [`SimStore::connect`] plus
 //! [`SimStore::set_cut_off`] cuts one client off, [`SimConfig::with_latency`] makes every call
-//! take time, and the trait itself revokes leases and deletes keys from outside. Compaction is
-//! a trait call.
+//! take time, [`SimStore::lose_replies`] applies writes but loses their replies,
+//! [`SimStore::leader_change`] closes streams and refreshes leases as a new etcd leader does,
+//! [`SimStore::compact_every`] compacts on a cadence, and the trait itself revokes leases,
+//! deletes keys and compacts from outside.
 //!
 //! # Determinism
 //!
@@ -49,4 +51,4 @@
 pub mod state;
 mod store;
 
-pub use store::{SimConfig, SimStore};
+pub use store::{CompactionTask, SimConfig, SimStore};

@@ -555,6 +555,19 @@ impl State {
         })
     }
 
+    /// An etcd leader change as the leases see it: the new leader's lessor refreshes every
+    /// lease to `now + extend + TTL` (etcd's `Promote`), so leases outlive their TTL.
+    pub fn promote(&mut self, now: Instant, extend: Duration) {
+        self.expire(now);
+        let ids: Vec<LeaseId> = self.leases.keys().copied().collect();
+        for id in ids {
+            let lease = self.leases.get_mut(&id).expect("listed");
+            self.deadlines.remove(&(lease.deadline, id));
+            lease.deadline = now + extend + lease.ttl;
+            self.deadlines.insert((lease.deadline, id));
+        }
+    }
+
     /// Expires every lease whose deadline is at or before `now`, oldest first, each in its
     /// own revision.
     pub fn expire(&mut self, now: Instant) {

@@ -176,6 +176,8 @@ pub struct SimStore {
     /// This handle's connection to the store; clones share it, [`SimStore::connect`] makes a
     /// new one.
     link: Arc<std::sync::atomic::AtomicBool>,
+    /// How many of this client's next writes lose their reply.
+    lost_replies: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl Default for SimStore {
@@ -213,6 +215,7 @@ impl SimStore {
         SimStore {
             shared,
             link: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            lost_replies: Arc::new(std::sync::atomic::AtomicU32::new(0)),
         }
     }
 
@@ -222,7 +225,64 @@ impl SimStore {
         SimStore {
             shared: self.shared.clone(),
             link: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            lost_replies: Arc::new(std::sync::atomic::AtomicU32::new(0)),
         }
+    }
+
+    /// Fault: the next `count` writes of this client (put, delete, txn, grant, revoke,
+    /// compact) are applied, but their replies are lost: each returns `Indeterminate`, as a
+    /// request that timed out after reaching etcd does.
+    pub fn lose_replies(&self, count: u32) {
+        self.lost_replies
+            .store(count, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Fault: an etcd leader change. Every keep-alive channel and watch stream ends (as
+    /// [`close_streams`](Self::close_streams)), and every lease is refreshed to its full TTL
+    /// plus `election_timeout` from now, as etcd's new leader does (so a crashed client's
+    /// lease outlives its TTL: etcd#9395).
+    pub fn leader_change(&self, election_timeout: Duration) {
+        self.close_streams();
+        self.shared.apply(|s, now| s.promote(now, election_timeout));
+        self.shared.deadlines_changed.notify_one();
+    }
+
+    /// Fault: compacts at the current revision every `every`, until the returned handle is
+    /// dropped (etcd's `--auto-compaction-mode=revision` at its most aggressive).
+    pub fn compact_every(&self, every: Duration) -> CompactionTask {
+        let store = self.connect();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+            loop {
+                tick.tick().await;
+                let rev = store.revision();
+                if rev > store.compact_revision() {
+                    let _ = store.shared.apply(|s, now| s.compact(now, rev));
+                }
+            }
+        });
+        CompactionTask(task)
+    }
+
+    /// Applies a write's loss of reply, if one is due: the write happened, the caller learns
+    /// nothing.
+    fn reply<T>(&self, operation: &'static str, result: Result<T>) -> Result<T> {
+        let lose = self
+            .lost_replies
+            .fetch_update(
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+                |n| n.checked_sub(1),
+            )
+            .is_ok();
+        if lose {
+            return Err(coord_api::Error::Indeterminate {
+                backend: "sim",
+                operation,
+                source: "the simulator lost the reply (the write was applied)".into(),
+            });
+        }
+        result
     }
 
     /// Fault: cuts this client off from the store (or reconnects it). While cut off, every
@@ -379,21 +439,21 @@ impl KvLeaseStore for SimStore {
         self.travel().await;
         self.reachable("put")?;
         validate::put(&req, self.limits_ref())?;
-        self.shared.apply(|s, now| s.put(now, &req))
+        self.reply("put", self.shared.apply(|s, now| s.put(now, &req)))
     }
 
     async fn delete(&self, req: DeleteRequest) -> Result<DeleteResponse> {
         self.travel().await;
         self.reachable("delete")?;
         validate::delete(&req)?;
-        self.shared.apply(|s, now| s.delete(now, &req))
+        self.reply("delete", self.shared.apply(|s, now| s.delete(now, &req)))
     }
 
     async fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
         self.travel().await;
         self.reachable("txn")?;
         validate::txn(&req, self.limits_ref())?;
-        self.shared.apply(|s, now| s.txn(now, &req))
+        self.reply("txn", self.shared.apply(|s, now| s.txn(now, &req)))
     }
 
     async fn grant(&self, ttl: Duration) -> Result<LeaseGrant> {
@@ -403,13 +463,13 @@ impl KvLeaseStore for SimStore {
         let ttl = validate::granted_ttl(ttl, self.limits_ref());
         let grant = self.shared.apply(|s, now| s.grant(now, ttl));
         self.shared.deadlines_changed.notify_one();
-        Ok(grant)
+        self.reply("grant", Ok(grant))
     }
 
     async fn revoke(&self, lease: LeaseId) -> Result<i64> {
         self.travel().await;
         self.reachable("revoke")?;
-        self.shared.apply(|s, now| s.revoke(now, lease))
+        self.reply("revoke", self.shared.apply(|s, now| s.revoke(now, lease)))
     }
 
     async fn time_to_live(&self, lease: LeaseId) -> Result<LeaseTimeToLive> {
@@ -453,7 +513,20 @@ impl KvLeaseStore for SimStore {
     async fn compact(&self, revision: i64) -> Result<()> {
         self.travel().await;
         self.reachable("compact")?;
-        self.shared.apply(|s, now| s.compact(now, revision))
+        self.reply(
+            "compact",
+            self.shared.apply(|s, now| s.compact(now, revision)),
+        )
+    }
+}
+
+/// Periodic compaction started by [`SimStore::compact_every`]; dropping it stops it.
+#[derive(Debug)]
+pub struct CompactionTask(tokio::task::JoinHandle<()>);
+
+impl Drop for CompactionTask {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
