@@ -42,11 +42,7 @@ impl EtcdFixture {
         let proxy = Arc::new(TcpProxy::start(target).await.expect("a proxy"));
         let config = EtcdConfig::new([proxy.endpoint()])
             .with_limits(self.cluster.limits())
-            .with_request_timeout(Duration::from_secs(1))
-            .with_keep_alive(Some((
-                Duration::from_millis(300),
-                Duration::from_millis(300),
-            )));
+            .with_request_timeout(Duration::from_secs(1));
         let store: Arc<DynKvLeaseStore> = Arc::new(
             EtcdStore::connect(config)
                 .await
