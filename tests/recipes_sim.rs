@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use coord_api::DynKvLeaseStore;
-use coord_sim::{SimConfig, SimStore};
+use coord_sim::SimStore;
 use recipes::fixture::{Client, Control, Fixture};
 
 struct SimFixture {
@@ -48,9 +48,11 @@ impl Fixture for SimFixture {
     }
 
     async fn slow_store(&self) -> Arc<DynKvLeaseStore> {
-        Arc::new(SimStore::with_config(
-            SimConfig::default().with_latency(Duration::from_millis(5)),
-        ))
+        // A client of the same store (so the rest of the world sees what it writes) whose
+        // every call takes 5 ms.
+        let c = self.sim.connect();
+        c.set_latency(Duration::from_millis(5));
+        Arc::new(c)
     }
 
     fn stop_offsets(&self) -> Vec<u64> {

@@ -28,8 +28,8 @@
 //!
 //! In process, without a simulated network: [`SimStore::close_streams`] ends every keep-alive
 //! channel and watch (a lost connection, an etcd leader change), [`SimStore::connect`] plus
-//! [`SimStore::set_cut_off`] cuts one client off, [`SimConfig::with_latency`] makes every call
-//! take time, [`SimStore::lose_replies`] applies writes but loses their replies,
+//! [`SimStore::set_cut_off`] cuts one client off, [`SimConfig::with_latency`] (every client) or
+//! [`SimStore::set_latency`] (one client) makes calls take time, [`SimStore::lose_replies`] applies writes but loses their replies,
 //! [`SimStore::leader_change`] closes streams and refreshes leases as a new etcd leader does,
 //! [`SimStore::compact_every`] compacts on a cadence, and the trait itself revokes leases,
 //! deletes keys and compacts from outside.

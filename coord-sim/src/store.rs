@@ -1,6 +1,7 @@
 //! [`SimStore`]: the state machine served in-process, on `tokio::time`.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -104,7 +105,7 @@ struct Inner {
 struct Shared {
     /// Bumped by [`SimStore::close_streams`]; a keep-alive channel opened under an older
     /// epoch is dead.
-    stream_epoch: std::sync::atomic::AtomicU64,
+    stream_epoch: AtomicU64,
     // A std mutex, not tokio's: nothing awaits while holding it (the state machine is
     // synchronous), so the cheaper lock is also the correct one.
     inner: Mutex<Inner>,
@@ -175,9 +176,18 @@ pub struct SimStore {
     shared: Arc<Shared>,
     /// This handle's connection to the store; clones share it, [`SimStore::connect`] makes a
     /// new one.
-    link: Arc<std::sync::atomic::AtomicBool>,
-    /// How many of this client's next writes lose their reply.
-    lost_replies: Arc<std::sync::atomic::AtomicU32>,
+    link: Arc<Link>,
+}
+
+/// One client's connection to the store, and the faults set on it.
+#[derive(Debug, Default)]
+struct Link {
+    /// Cut off: every call fails with `Unavailable`.
+    cut: AtomicBool,
+    /// How many of the client's next writes lose their reply.
+    lost_replies: AtomicU32,
+    /// Extra time every call of the client takes, in nanoseconds.
+    latency_ns: AtomicU64,
 }
 
 impl Default for SimStore {
@@ -200,7 +210,7 @@ impl SimStore {
         let mut state = State::new(config.seed, config.limits.min_lease_ttl);
         state.set_compaction_drops_deletes_at_point(config.compaction_drops_deletes_at_point);
         let shared = Arc::new(Shared {
-            stream_epoch: std::sync::atomic::AtomicU64::new(0),
+            stream_epoch: AtomicU64::new(0),
             inner: Mutex::new(Inner {
                 state,
                 sinks: BTreeMap::new(),
@@ -214,8 +224,7 @@ impl SimStore {
         ));
         SimStore {
             shared,
-            link: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-            lost_replies: Arc::new(std::sync::atomic::AtomicU32::new(0)),
+            link: Arc::default(),
         }
     }
 
@@ -224,8 +233,7 @@ impl SimStore {
     pub fn connect(&self) -> SimStore {
         SimStore {
             shared: self.shared.clone(),
-            link: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-            lost_replies: Arc::new(std::sync::atomic::AtomicU32::new(0)),
+            link: Arc::default(),
         }
     }
 
@@ -233,8 +241,7 @@ impl SimStore {
     /// compact) are applied, but their replies are lost: each returns `Indeterminate`, as a
     /// request that timed out after reaching etcd does.
     pub fn lose_replies(&self, count: u32) {
-        self.lost_replies
-            .store(count, std::sync::atomic::Ordering::SeqCst);
+        self.link.lost_replies.store(count, Ordering::SeqCst);
     }
 
     /// Fault: an etcd leader change. Every keep-alive channel and watch stream ends (as
@@ -268,12 +275,9 @@ impl SimStore {
     /// nothing.
     fn reply<T>(&self, operation: &'static str, result: Result<T>) -> Result<T> {
         let lose = self
+            .link
             .lost_replies
-            .fetch_update(
-                std::sync::atomic::Ordering::SeqCst,
-                std::sync::atomic::Ordering::SeqCst,
-                |n| n.checked_sub(1),
-            )
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
         if lose {
             return Err(coord_api::Error::Indeterminate {
@@ -289,18 +293,31 @@ impl SimStore {
     /// call and renewal through this handle (and its clones) fails with `Unavailable` and
     /// changes nothing; the store, its leases' clocks and other clients go on.
     pub fn set_cut_off(&self, cut: bool) {
-        self.link.store(cut, std::sync::atomic::Ordering::SeqCst);
+        self.link.cut.store(cut, Ordering::SeqCst);
     }
 
-    fn reachable(&self, operation: &'static str) -> Result<()> {
-        reachable(&self.link, operation)
+    /// Fault: every call of this client (and its clones) takes `latency` more before it
+    /// reaches the store, on top of [`SimConfig::latency`]; other clients are not slowed.
+    pub fn set_latency(&self, latency: Duration) {
+        let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        self.link.latency_ns.store(ns, Ordering::SeqCst);
     }
 
-    async fn travel(&self) {
-        let latency = self.shared.config.latency;
+    /// The way to the store: the call's latency, then the link's state.
+    async fn travel(&self, operation: &'static str) -> Result<()> {
+        let latency = self.shared.config.latency
+            + Duration::from_nanos(self.link.latency_ns.load(Ordering::SeqCst));
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
+        if self.link.cut.load(Ordering::SeqCst) {
+            return Err(coord_api::Error::Unavailable {
+                backend: "sim",
+                operation,
+                source: "this client is cut off from the simulated store".into(),
+            });
+        }
+        Ok(())
     }
 
     /// The configuration the store runs with.
@@ -323,9 +340,7 @@ impl SimStore {
     /// lease itself lives on), each watch yields `StreamClosed` and ends. New channels and
     /// watches work as before.
     pub fn close_streams(&self) {
-        self.shared
-            .stream_epoch
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.shared.stream_epoch.fetch_add(1, Ordering::SeqCst);
         let mut inner = self.shared.lock();
         let sinks = std::mem::take(&mut inner.sinks);
         for (id, tx) in sinks {
@@ -388,17 +403,6 @@ async fn background(shared: Weak<Shared>, wake: Arc<Notify>) {
     }
 }
 
-fn reachable(link: &std::sync::atomic::AtomicBool, operation: &'static str) -> Result<()> {
-    if link.load(std::sync::atomic::Ordering::SeqCst) {
-        return Err(coord_api::Error::Unavailable {
-            backend: "sim",
-            operation,
-            source: "this client is cut off from the simulated store".into(),
-        });
-    }
-    Ok(())
-}
-
 /// The first tick of the cadence `epoch + k * every` strictly after `now`.
 fn next_tick(epoch: Instant, now: Instant, every: Duration) -> Instant {
     let every_ns = every.as_nanos().max(1);
@@ -429,36 +433,31 @@ impl KvLeaseStore for SimStore {
     }
 
     async fn get(&self, req: GetRequest) -> Result<GetResponse> {
-        self.travel().await;
-        self.reachable("get")?;
+        self.travel("get").await?;
         validate::get(&req)?;
         self.shared.apply(|s, now| s.get(now, &req))
     }
 
     async fn put(&self, req: PutRequest) -> Result<PutResponse> {
-        self.travel().await;
-        self.reachable("put")?;
+        self.travel("put").await?;
         validate::put(&req, self.limits_ref())?;
         self.reply("put", self.shared.apply(|s, now| s.put(now, &req)))
     }
 
     async fn delete(&self, req: DeleteRequest) -> Result<DeleteResponse> {
-        self.travel().await;
-        self.reachable("delete")?;
+        self.travel("delete").await?;
         validate::delete(&req)?;
         self.reply("delete", self.shared.apply(|s, now| s.delete(now, &req)))
     }
 
     async fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
-        self.travel().await;
-        self.reachable("txn")?;
+        self.travel("txn").await?;
         validate::txn(&req, self.limits_ref())?;
         self.reply("txn", self.shared.apply(|s, now| s.txn(now, &req)))
     }
 
     async fn grant(&self, ttl: Duration) -> Result<LeaseGrant> {
-        self.travel().await;
-        self.reachable("grant")?;
+        self.travel("grant").await?;
         validate::ttl(ttl, self.limits_ref())?;
         let ttl = validate::granted_ttl(ttl, self.limits_ref());
         let grant = self.shared.apply(|s, now| s.grant(now, ttl));
@@ -467,32 +466,25 @@ impl KvLeaseStore for SimStore {
     }
 
     async fn revoke(&self, lease: LeaseId) -> Result<i64> {
-        self.travel().await;
-        self.reachable("revoke")?;
+        self.travel("revoke").await?;
         self.reply("revoke", self.shared.apply(|s, now| s.revoke(now, lease)))
     }
 
     async fn time_to_live(&self, lease: LeaseId) -> Result<LeaseTimeToLive> {
-        self.travel().await;
-        self.reachable("time-to-live")?;
+        self.travel("time-to-live").await?;
         self.shared.apply(|s, now| s.time_to_live(now, lease))
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<Box<dyn KeepAlive>> {
         Ok(Box::new(SimKeepAlive {
-            link: self.link.clone(),
-            epoch: self
-                .shared
-                .stream_epoch
-                .load(std::sync::atomic::Ordering::SeqCst),
-            shared: self.shared.clone(),
+            epoch: self.shared.stream_epoch.load(Ordering::SeqCst),
+            client: self.clone(),
             lease,
         }))
     }
 
     async fn watch(&self, req: WatchRequest) -> Result<WatchStream> {
-        self.travel().await;
-        self.reachable("watch")?;
+        self.travel("watch").await?;
         validate::watch(&req)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let id = {
@@ -511,8 +503,7 @@ impl KvLeaseStore for SimStore {
     }
 
     async fn compact(&self, revision: i64) -> Result<()> {
-        self.travel().await;
-        self.reachable("compact")?;
+        self.travel("compact").await?;
         self.reply(
             "compact",
             self.shared.apply(|s, now| s.compact(now, revision)),
@@ -606,8 +597,8 @@ fn watch_stream(
 /// A keep-alive channel on a [`SimStore`]: each renewal is one call into the state machine.
 #[derive(Debug)]
 struct SimKeepAlive {
-    link: Arc<std::sync::atomic::AtomicBool>,
-    shared: Arc<Shared>,
+    /// The client that opened the channel: its link's faults apply to renewals.
+    client: SimStore,
     lease: LeaseId,
     epoch: u64,
 }
@@ -619,16 +610,9 @@ impl KeepAlive for SimKeepAlive {
     }
 
     async fn renew(&mut self) -> Result<Duration> {
-        let latency = self.shared.config.latency;
-        if !latency.is_zero() {
-            tokio::time::sleep(latency).await;
-        }
-        reachable(&self.link, "keep-alive")?;
-        let epoch = self
-            .shared
-            .stream_epoch
-            .load(std::sync::atomic::Ordering::SeqCst);
-        if epoch != self.epoch {
+        self.client.travel("keep-alive").await?;
+        let shared = &self.client.shared;
+        if shared.stream_epoch.load(Ordering::SeqCst) != self.epoch {
             return Err(coord_api::Error::StreamClosed {
                 stream: "keep-alive",
                 source: Some("the simulator closed every stream".into()),
@@ -636,7 +620,7 @@ impl KeepAlive for SimKeepAlive {
         }
         // A renewal only moves a deadline later; the expiry task re-reads the earliest
         // deadline whenever it wakes, so it needs no nudge.
-        self.shared.apply(|s, now| s.renew(now, self.lease))
+        shared.apply(|s, now| s.renew(now, self.lease))
     }
 }
 

@@ -51,7 +51,8 @@ pub(crate) trait Fixture: Send + Sync {
     /// How late the backend may be against exact timing: 0 in virtual time; etcd's 500 ms
     /// expiry tick plus scheduling on a loaded machine on real etcd.
     fn slack(&self) -> Duration;
-    /// A store whose every call takes some time, so operations interleave (for races).
+    /// A client of the same store whose every call takes some time, so operations
+    /// interleave (for races); what it writes is visible through [`store`](Fixture::store).
     async fn slow_store(&self) -> Arc<DynKvLeaseStore>;
     /// Offsets (ms) at which to land a `stop()` inside a heal.
     fn stop_offsets(&self) -> Vec<u64>;
