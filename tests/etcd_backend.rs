@@ -146,13 +146,18 @@ async fn coord_and_etcdctl_elect_share_one_queue() {
     let s = store.clone();
     let campaign =
         tokio::spawn(async move { s.campaign("interop", Bytes::from("coord"), lease.id).await });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // One queue: coord's candidate key lands under the same prefix as the Go leader's...
+    let coord_key = coord_api::candidate_key("interop", lease.id);
+    eventually(PROMPT, "coord's candidate key to be queued", || async {
+        store.get_key(coord_key.clone()).await.unwrap().is_some()
+    })
+    .await;
+    assert_eq!(store.get_prefix("interop/").await.unwrap().count, 2);
+    // ...behind it: the campaign waits.
     assert!(
         !campaign.is_finished(),
         "coord must queue behind the Go leader"
     );
-    let queue = store.get_prefix("interop/").await.unwrap();
-    assert_eq!(queue.count, 2, "one queue: {queue:?}");
 
     // SIGINT makes etcdctl resign, as an operator's Ctrl-C would.
     Command::new("kill")
@@ -169,21 +174,31 @@ async fn coord_and_etcdctl_elect_share_one_queue() {
         "coord".as_bytes()
     );
 
-    let observed = etcdctl(&endpoint)
-        .args(["elect", "-l", "interop"])
+    // `elect -l` prints the current leader's key and value, then follows forever: read its
+    // output until it names coord (bounded), then stop it.
+    let mut observer = tokio::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &endpoint, "elect", "-l", "interop"])
         .stdout(Stdio::piped())
+        .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let pid = observed.id();
-    // `elect -l` follows forever; give it a moment to print the current leader, then stop it.
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    Command::new("kill")
-        .args(["-INT", &pid.to_string()])
-        .status()
-        .unwrap();
-    let out = observed.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("coord"), "etcdctl observed: {text:?}");
+    let stdout = observer.stdout.take().unwrap();
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    within(PROMPT, "etcdctl to observe coord's leadership", async {
+        loop {
+            let line = lines
+                .next_line()
+                .await
+                .unwrap()
+                .expect("etcdctl kept running");
+            if line.contains("coord") {
+                return;
+            }
+        }
+    })
+    .await;
+    observer.kill().await.unwrap();
     store.resign(&leader).await.unwrap();
 }
 

@@ -411,9 +411,16 @@ pub(crate) async fn watcher_stream_ends_when_stopped_or_dropped(fx: &dyn Fixture
     let w = ClusterWatcher::start(store.clone(), ClusterWatcherConfig::new("h/"))
         .await
         .unwrap();
+    let mut view = w.subscribe_view();
     let mut stream = w.into_stream();
     assert!(stream.next().await.is_some());
     drop(stream);
+    // Dropping the stream drops the watcher, which stops its task: the view's publisher goes
+    // away with it, so following the view ends.
+    within(prompt(fx), "the watcher's task to end", async {
+        while view.changed().await.is_ok() {}
+    })
+    .await;
 }
 
 // ---- Election -----------------------------------------------------------------------------
