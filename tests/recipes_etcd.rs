@@ -25,6 +25,8 @@ use tokio::time::Instant;
 struct EtcdFixture {
     cluster: EtcdCluster,
     store: Arc<DynKvLeaseStore>,
+    /// Proxies the fixture's own clients need for as long as the test runs.
+    proxies: std::sync::Mutex<Vec<Arc<TcpProxy>>>,
 }
 
 impl EtcdFixture {
@@ -33,7 +35,11 @@ impl EtcdFixture {
             .await
             .unwrap_or_else(|e| panic!("cannot start etcd: {e}"));
         let store: Arc<DynKvLeaseStore> = Arc::new(cluster.store().await);
-        EtcdFixture { cluster, store }
+        EtcdFixture {
+            cluster,
+            store,
+            proxies: std::sync::Mutex::new(Vec::new()),
+        }
     }
 
     /// A client through a proxy of its own, with timeouts short enough to notice a cut.
@@ -91,8 +97,7 @@ impl Fixture for EtcdFixture {
     async fn slow_store(&self) -> Arc<DynKvLeaseStore> {
         let (store, proxy) = self.proxied().await;
         proxy.delay(Duration::from_millis(5));
-        // The proxy lives as long as the store's connections need it.
-        std::mem::forget(proxy);
+        self.proxies.lock().unwrap().push(proxy);
         store
     }
 

@@ -7,7 +7,7 @@ use coord_api::{Error, KeepAlive, LeaseId, Result};
 use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
 
 use crate::error::{map, Kind};
-use crate::store::EtcdStore;
+use crate::store::{with_lease, EtcdStore};
 
 /// One lease's keep-alive stream, opened on the first renewal and re-opened (on the current
 /// endpoint) on the renewal after it broke.
@@ -69,7 +69,7 @@ impl EtcdKeepAlive {
             }
             Err(e) => match map("keep-alive", Kind::Write, e) {
                 e @ (Error::LeaseNotFound { .. } | Error::PermissionDenied { .. }) => {
-                    Err(with_lease(e, self.lease))
+                    Err(with_lease(e, Some(self.lease)))
                 }
                 other => {
                     self.store.fail_over(endpoint);
@@ -97,13 +97,6 @@ impl EtcdKeepAlive {
             Ok(None) => Err(self.closed("the server ended the stream")),
             Err(e) => Err(self.closed(e)),
         }
-    }
-}
-
-fn with_lease(e: Error, lease: LeaseId) -> Error {
-    match e {
-        Error::LeaseNotFound { .. } => Error::LeaseNotFound { lease },
-        other => other,
     }
 }
 

@@ -8,8 +8,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use coord_api::{
     validate, Bytes, DeleteRequest, DeleteResponse, DynKvLeaseStore, Error, GetRequest,
-    GetResponse, KeepAlive, KvLeaseStore, LeaseGrant, LeaseId, LeaseTimeToLive, Limits, PutRequest,
-    PutResponse, Result, TxnOp, TxnRequest, TxnResponse, WatchRequest, WatchStream,
+    GetResponse, KeepAlive, KvLeaseStore, KvLeaseStoreExt, LeaseGrant, LeaseId, LeaseTimeToLive,
+    Limits, PutRequest, PutResponse, Result, TxnOp, TxnRequest, TxnResponse, WatchRequest,
+    WatchStream,
 };
 use etcd_client::Client;
 use tokio::time::Instant;
@@ -328,13 +329,7 @@ impl EtcdStore {
                 Err(_) => None,
             }
         };
-        let Ok(current) = self
-            .call("get", Kind::Read, |mut c| async move {
-                c.get(vec![0u8], None).await
-            })
-            .await
-            .map(|r| r.header().map_or(0, |h| h.revision()))
-        else {
+        let Ok(current) = self.current_revision().await else {
             return 0;
         };
         // Invariant: `lo` is compacted, `hi` is readable (the current revision always is).
@@ -360,14 +355,7 @@ impl EtcdStore {
                 compact_revision: self.compact_revision(requested - 1).await,
             },
             Error::FutureRevision { .. } => {
-                let current = self
-                    .call("get", Kind::Read, |mut c| async move {
-                        c.get(vec![0u8], None).await
-                    })
-                    .await
-                    .ok()
-                    .and_then(|r| r.header().map(|h| h.revision()))
-                    .unwrap_or(0);
+                let current = self.current_revision().await.unwrap_or(0);
                 Error::FutureRevision { requested, current }
             }
             other => other,
@@ -387,7 +375,8 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-fn with_lease(err: Error, lease: Option<LeaseId>) -> Error {
+/// Fills in the lease a `LeaseNotFound` is about (etcd's error does not say).
+pub(crate) fn with_lease(err: Error, lease: Option<LeaseId>) -> Error {
     match (err, lease) {
         (Error::LeaseNotFound { .. }, Some(lease)) => Error::LeaseNotFound { lease },
         (other, _) => other,

@@ -23,24 +23,18 @@ pub(crate) async fn open(store: &EtcdStore, req: WatchRequest) -> Result<WatchSt
         opts = opts.with_progress_notify();
     }
     let key = req.range.start().to_vec();
-    let timeout = store.request_timeout();
-    let opened = store.call("watch", Kind::Read, |mut c| {
-        let (key, opts) = (key.clone(), opts.clone());
-        async move {
-            let mut stream = c.watch(key, Some(opts)).await?;
-            // The first answer confirms the watch (or already cancels it).
-            let first = stream.message().await?;
-            Ok((stream, first))
-        }
-    });
-    let (mut stream, first) =
-        tokio::time::timeout(timeout, opened)
-            .await
-            .map_err(|_| Error::Unavailable {
-                backend: crate::error::BACKEND,
-                operation: "watch",
-                source: format!("not confirmed within {timeout:?}").into(),
-            })??;
+    // `call` bounds this by the request timeout, the confirmation included.
+    let (mut stream, first) = store
+        .call("watch", Kind::Read, |mut c| {
+            let (key, opts) = (key.clone(), opts.clone());
+            async move {
+                let mut stream = c.watch(key, Some(opts)).await?;
+                // The first answer confirms the watch (or already cancels it).
+                let first = stream.message().await?;
+                Ok((stream, first))
+            }
+        })
+        .await?;
     let requested = req.start_revision.unwrap_or(0);
     let mut pending = first.filter(|r| !r.created() || r.canceled());
     let out = async_stream::stream! {

@@ -14,7 +14,7 @@
 //! [`stop`]: HostRegistration::stop
 
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -145,7 +145,6 @@ pub struct HostRegistration {
     shared: Arc<Shared>,
     cancel: CancellationToken,
     task: tokio::sync::Mutex<Option<JoinHandle<()>>>,
-    stopped: Mutex<bool>,
 }
 
 impl HostRegistration {
@@ -174,7 +173,6 @@ impl HostRegistration {
             shared,
             cancel,
             task: tokio::sync::Mutex::new(Some(task)),
-            stopped: Mutex::new(false),
         })
     }
 
@@ -230,11 +228,8 @@ impl HostRegistration {
         if let Some(task) = self.task.lock().await.take() {
             let _ = task.await;
         }
-        let first = {
-            let mut stopped = self.stopped.lock().unwrap_or_else(|p| p.into_inner());
-            !std::mem::replace(&mut *stopped, true)
-        };
-        self.shared.status.send_replace(RegistrationStatus::Stopped);
+        let first = self.shared.status.send_replace(RegistrationStatus::Stopped)
+            != RegistrationStatus::Stopped;
         let lease = LeaseId(self.shared.lease.swap(0, Ordering::SeqCst));
         if lease.is_none() {
             return Ok(());
