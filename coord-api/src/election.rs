@@ -123,12 +123,15 @@ fn lost(leader: &LeaderKey) -> Error {
 /// Waits until `leader.key` is the oldest key of the election, or fails when it disappears.
 async fn wait_for_turn<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) -> Result<()> {
     let prefix = prefix_of(&leader.name);
+    let skip_own_check = crate::planted::enabled(crate::planted::Bug::CampaignSkipsOwnKeyCheck);
+    let mut first = true;
     loop {
         let snapshot = store.get(GetRequest::prefix(prefix.clone())).await?;
         let own = snapshot.kvs.iter().find(|kv| kv.key == leader.key);
-        if own.map(|kv| kv.create_revision) != Some(leader.revision) {
+        if own.map(|kv| kv.create_revision) != Some(leader.revision) && (first || !skip_own_check) {
             return Err(lost(leader));
         }
+        first = false;
         let predecessor = snapshot
             .kvs
             .iter()
@@ -150,7 +153,7 @@ async fn wait_for_turn<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) 
         loop {
             tokio::select! {
                 biased;
-                item = ours.next() => match item {
+                item = ours.next(), if !skip_own_check => match item {
                     Some(Ok(batch)) if batch.events.iter().any(|e| e.kind == EventKind::Delete) => {
                         return Err(lost(leader));
                     }

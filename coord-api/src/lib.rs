@@ -48,6 +48,7 @@
 //! | feature     | what it adds |
 //! |-------------|--------------|
 //! | `test-util` | `testkit`: the conformance suite every backend runs, and `conformance_tests!`. Not API-stable. |
+//! | `planted-bugs` | deliberate defects in the recipes, each switched on at run time by [`planted::enable`], for testing the simulator's checkers. Never in production. |
 //!
 //! # Cancellation and shutdown
 //!
@@ -58,6 +59,7 @@
 
 mod election;
 mod error;
+pub mod planted;
 pub mod recipes;
 mod request;
 mod store;

@@ -48,6 +48,8 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod journal;
+mod link;
 pub mod state;
 mod store;
 

@@ -29,6 +29,8 @@ use coord_api::{
 };
 use tokio::time::Instant;
 
+use crate::journal::{Entry, Origin};
+
 /// One version of a key in its history.
 #[derive(Debug, Clone)]
 enum Version {
@@ -92,6 +94,10 @@ pub struct State {
     outbox: Vec<Delivery>,
     min_ttl: Duration,
     compaction_drops_deletes_at_point: bool,
+    /// Who the operation being applied is for.
+    origin: Origin,
+    /// Every change, when journaling is on (see [`State::set_journaling`]).
+    journal: Option<Vec<Entry>>,
 }
 
 /// A write transaction in progress: the revision it will commit at, and its events.
@@ -117,6 +123,32 @@ impl State {
             outbox: Vec::new(),
             min_ttl,
             compaction_drops_deletes_at_point: true,
+            origin: Origin::Store,
+            journal: None,
+        }
+    }
+
+    /// Starts (or stops) keeping a journal of every change; see [`take_journal`](Self::take_journal).
+    pub fn set_journaling(&mut self, on: bool) {
+        self.journal = on.then(Vec::new);
+    }
+
+    /// Says who the next operations are for, for the journal.
+    pub fn set_origin(&mut self, origin: Origin) {
+        self.origin = origin;
+    }
+
+    /// Takes the journal entries made since the last call (none when journaling is off).
+    pub fn take_journal(&mut self) -> Vec<Entry> {
+        self.journal
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    fn record(&mut self, entry: impl FnOnce() -> Entry) {
+        if let Some(journal) = &mut self.journal {
+            journal.push(entry());
         }
     }
 
@@ -346,6 +378,12 @@ impl State {
                 });
             }
         }
+        let origin = self.origin;
+        self.record(|| Entry::Commit {
+            revision: p.revision,
+            origin,
+            events: p.events.clone(),
+        });
         self.log.insert(p.revision, p.events);
     }
 
@@ -505,12 +543,20 @@ impl State {
             },
         );
         self.deadlines.insert((deadline, id));
+        let origin = self.origin;
+        self.record(|| Entry::Grant {
+            lease: id,
+            ttl,
+            origin,
+        });
         LeaseGrant { id, ttl }
     }
 
     fn remove_lease(&mut self, id: LeaseId) -> Option<i64> {
         let lease = self.leases.remove(&id)?;
         self.deadlines.remove(&(lease.deadline, id));
+        let origin = self.origin;
+        self.record(|| Entry::LeaseEnd { lease: id, origin });
         let mut p = self.begin();
         for key in &lease.keys {
             self.delete_key(&mut p, key);
@@ -536,7 +582,10 @@ impl State {
         self.deadlines.remove(&(lease.deadline, id));
         lease.deadline = now + lease.ttl;
         self.deadlines.insert((lease.deadline, id));
-        Ok(lease.ttl)
+        let ttl = lease.ttl;
+        let origin = self.origin;
+        self.record(|| Entry::Renew { lease: id, origin });
+        Ok(ttl)
     }
 
     /// Reports a lease's remaining time, in whole seconds rounded down, as etcd does.
@@ -566,17 +615,20 @@ impl State {
             lease.deadline = now + extend + lease.ttl;
             self.deadlines.insert((lease.deadline, id));
         }
+        self.record(|| Entry::Promote { extend });
     }
 
     /// Expires every lease whose deadline is at or before `now`, oldest first, each in its
     /// own revision.
     pub fn expire(&mut self, now: Instant) {
+        let origin = std::mem::replace(&mut self.origin, Origin::Expiry);
         while let Some(&(deadline, id)) = self.deadlines.first() {
             if deadline > now {
                 break;
             }
             self.remove_lease(id);
         }
+        self.origin = origin;
     }
 
     // ---- watches and compaction --------------------------------------------------------
@@ -683,6 +735,7 @@ impl State {
             });
         }
         self.compact_revision = rev;
+        self.record(|| Entry::Compact { revision: rev });
         self.keys.retain(|_, versions| {
             // Keep the version current at `rev` (unless it is a deletion) and all after it.
             let keep_from = versions.iter().rposition(|v| v.revision() <= rev);

@@ -1,7 +1,7 @@
 //! [`SimStore`]: the state machine served in-process, on `tokio::time`.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -15,6 +15,8 @@ use futures::StreamExt;
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
+use crate::journal::{Entry, Origin};
+use crate::link::Link;
 use crate::state::{State, WatchId};
 
 /// How a [`SimStore`] behaves where etcd's behaviour depends on its configuration.
@@ -37,6 +39,9 @@ pub struct SimConfig {
     /// deletes made at that revision. On by default (the project runs etcd 3.4); turn it off
     /// to model an etcd that has the fix.
     pub compaction_drops_deletes_at_point: bool,
+    /// How long a call whose reply is lost (a deaf link) waits before failing, as a client's
+    /// request timeout does. 5 s, as `EtcdStore`'s default.
+    pub request_timeout: Duration,
 }
 
 impl Default for SimConfig {
@@ -50,6 +55,7 @@ impl Default for SimConfig {
             watch_sync_interval: Duration::from_millis(100),
             compaction_drops_deletes_at_point: true,
             latency: Duration::ZERO,
+            request_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -85,6 +91,12 @@ impl SimConfig {
         self
     }
 
+    /// Fail calls whose reply is lost after `timeout`.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
     /// Send idle watches a progress notification this often.
     pub fn with_progress_notify_interval(mut self, every: Duration) -> Self {
         self.limits.progress_notify_interval = every;
@@ -93,6 +105,15 @@ impl SimConfig {
 }
 
 type Sender = mpsc::UnboundedSender<Result<WatchResponse>>;
+
+/// Receives the store's journal (see [`SimStore::on_journal`]).
+struct JournalSink(Box<dyn Fn(Instant, Entry) + Send + Sync>);
+
+impl std::fmt::Debug for JournalSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("JournalSink")
+    }
+}
 
 #[derive(Debug)]
 struct Inner {
@@ -112,6 +133,11 @@ struct Shared {
     /// Wakes the expiry task when a lease deadline may have moved earlier.
     deadlines_changed: Arc<Notify>,
     config: SimConfig,
+    /// The next client id for [`SimStore::connect`].
+    next_client: AtomicU64,
+    /// Crashed: nothing answers and no lease expires, until [`SimStore::restart`].
+    down: AtomicBool,
+    journal: Mutex<Option<JournalSink>>,
 }
 
 impl Shared {
@@ -123,12 +149,24 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Runs one operation on the state and delivers what it queued, under one lock so that
-    /// deliveries keep commit order.
-    fn apply<T>(&self, op: impl FnOnce(&mut State, Instant) -> T) -> T {
+    /// Runs one operation for `origin` on the state and delivers what it queued, under one
+    /// lock so that deliveries (and the journal) keep commit order.
+    fn apply<T>(&self, origin: Origin, op: impl FnOnce(&mut State, Instant) -> T) -> T {
         let mut inner = self.lock();
-        let out = op(&mut inner.state, Instant::now());
+        let now = Instant::now();
+        inner.state.set_origin(origin);
+        let out = op(&mut inner.state, now);
+        inner.state.set_origin(Origin::Store);
         Self::deliver(&mut inner);
+        let entries = inner.state.take_journal();
+        if !entries.is_empty() {
+            let sink = self.journal.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(sink) = sink.as_ref() {
+                for e in entries {
+                    (sink.0)(now, e);
+                }
+            }
+        }
         out
     }
 
@@ -179,17 +217,6 @@ pub struct SimStore {
     link: Arc<Link>,
 }
 
-/// One client's connection to the store, and the faults set on it.
-#[derive(Debug, Default)]
-struct Link {
-    /// Cut off: every call fails with `Unavailable`.
-    cut: AtomicBool,
-    /// How many of the client's next writes lose their reply.
-    lost_replies: AtomicU32,
-    /// Extra time every call of the client takes, in nanoseconds.
-    latency_ns: AtomicU64,
-}
-
 impl Default for SimStore {
     fn default() -> Self {
         Self::new()
@@ -217,6 +244,9 @@ impl SimStore {
             }),
             deadlines_changed: Arc::new(Notify::new()),
             config,
+            next_client: AtomicU64::new(1),
+            down: AtomicBool::new(false),
+            journal: Mutex::new(None),
         });
         tokio::spawn(background(
             Arc::downgrade(&shared),
@@ -224,24 +254,43 @@ impl SimStore {
         ));
         SimStore {
             shared,
-            link: Arc::default(),
+            link: Arc::new(Link::new(0)),
         }
     }
 
     /// Another client of the same store, with its own connection: cutting one client off
     /// ([`set_cut_off`](Self::set_cut_off)) leaves the others connected.
     pub fn connect(&self) -> SimStore {
+        let id = self.shared.next_client.fetch_add(1, Ordering::SeqCst);
         SimStore {
             shared: self.shared.clone(),
-            link: Arc::default(),
+            link: Arc::new(Link::new(id)),
         }
+    }
+
+    /// This client's id, as the journal names it ([`Origin::Client`]). The first handle is 0;
+    /// each [`connect`](Self::connect) gets the next.
+    pub fn client_id(&self) -> u64 {
+        self.link.id
+    }
+
+    /// Starts a journal of every change the store makes, delivered to `sink` with the
+    /// instant it was made, in commit order (see [`Entry`]). The journal is complete:
+    /// compaction does not trim it. One sink per store; a second call replaces the first.
+    pub fn on_journal(&self, sink: impl Fn(Instant, Entry) + Send + Sync + 'static) {
+        *self
+            .shared
+            .journal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(JournalSink(Box::new(sink)));
+        self.shared.lock().state.set_journaling(true);
     }
 
     /// Fault: the next `count` writes of this client (put, delete, txn, grant, revoke,
     /// compact) are applied, but their replies are lost: each returns `Indeterminate`, as a
     /// request that timed out after reaching etcd does.
     pub fn lose_replies(&self, count: u32) {
-        self.link.lost_replies.store(count, Ordering::SeqCst);
+        self.link.set_lost_replies(count);
     }
 
     /// Fault: an etcd leader change. Every keep-alive channel and watch stream ends (as
@@ -250,8 +299,30 @@ impl SimStore {
     /// lease outlives its TTL: etcd#9395).
     pub fn leader_change(&self, election_timeout: Duration) {
         self.close_streams();
-        self.shared.apply(|s, now| s.promote(now, election_timeout));
+        self.shared
+            .apply(Origin::Store, |s, now| s.promote(now, election_timeout));
         self.shared.deadlines_changed.notify_one();
+    }
+
+    /// Fault: the store crashes. Every stream ends; until [`restart`](Self::restart) every
+    /// call fails with `Unavailable` (connection refused) and no lease expires, as a stopped
+    /// etcd's leases do not. Its data is kept, as etcd's is on disk.
+    pub fn crash(&self) {
+        self.shared.down.store(true, Ordering::SeqCst);
+        self.close_streams();
+    }
+
+    /// Repairs [`crash`](Self::crash): the store answers again, with every lease refreshed
+    /// to its TTL plus `election_timeout` from now, as a restarted etcd member that becomes
+    /// leader does.
+    pub fn restart(&self, election_timeout: Duration) {
+        self.shared.down.store(false, Ordering::SeqCst);
+        self.leader_change(election_timeout);
+    }
+
+    /// Whether the store is crashed.
+    pub fn is_down(&self) -> bool {
+        self.shared.down.load(Ordering::SeqCst)
     }
 
     /// Fault: compacts at the current revision every `every`, until the returned handle is
@@ -263,61 +334,96 @@ impl SimStore {
             loop {
                 tick.tick().await;
                 let rev = store.revision();
-                if rev > store.compact_revision() {
-                    let _ = store.shared.apply(|s, now| s.compact(now, rev));
+                if rev > store.compact_revision() && !store.is_down() {
+                    let _ = store
+                        .shared
+                        .apply(Origin::Store, |s, now| s.compact(now, rev));
                 }
             }
         });
         CompactionTask(task)
     }
 
-    /// Applies a write's loss of reply, if one is due: the write happened, the caller learns
-    /// nothing.
-    fn reply<T>(&self, operation: &'static str, result: Result<T>) -> Result<T> {
-        let lose = self
-            .link
-            .lost_replies
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if lose {
-            return Err(coord_api::Error::Indeterminate {
-                backend: "sim",
-                operation,
-                source: "the simulator lost the reply (the write was applied)".into(),
+    /// The reply to a call that reached the store: lost when the link is deaf (after the
+    /// request timeout) or a lost reply is due (a write only). The operation happened either
+    /// way; the caller learns nothing.
+    async fn reply<T>(
+        &self,
+        operation: &'static str,
+        deaf: bool,
+        write: bool,
+        result: Result<T>,
+    ) -> Result<T> {
+        if deaf {
+            tokio::time::sleep(self.shared.config.request_timeout).await;
+        }
+        if deaf || (write && self.link.take_lost_reply()) {
+            let source = "the simulator lost the reply (the request was applied)".into();
+            return Err(if write {
+                coord_api::Error::Indeterminate {
+                    backend: "sim",
+                    operation,
+                    source,
+                }
+            } else {
+                coord_api::Error::Unavailable {
+                    backend: "sim",
+                    operation,
+                    source,
+                }
             });
         }
         result
     }
 
-    /// Fault: cuts this client off from the store (or reconnects it). While cut off, every
-    /// call and renewal through this handle (and its clones) fails with `Unavailable` and
-    /// changes nothing; the store, its leases' clocks and other clients go on.
+    /// Fault: cuts this client off from the store, both ways (or repairs it). While cut off,
+    /// every call and renewal through this handle (and its clones) fails with `Unavailable`
+    /// and changes nothing, and its watch streams deliver nothing; on repair those streams
+    /// end with `StreamClosed` (the connection died). The store, its leases' clocks and other
+    /// clients go on.
     pub fn set_cut_off(&self, cut: bool) {
-        self.link.cut.store(cut, Ordering::SeqCst);
+        self.link.update(|s| s.cut = cut);
+    }
+
+    /// Fault: a one-way partition, store to client (or its repair). Requests still reach the
+    /// store and apply, but no reply comes back: each call fails after
+    /// [`SimConfig::request_timeout`] (writes with `Indeterminate`), renewals renew the lease
+    /// without the client learning it, and watch streams stall, then end on repair.
+    pub fn set_deaf(&self, deaf: bool) {
+        self.link.update(|s| s.deaf = deaf);
+    }
+
+    /// Fault: holds every message of this client (calls, renewals, watch deliveries) until
+    /// released with `false`; then they all go through, nothing lost (turmoil's hold).
+    pub fn set_held(&self, held: bool) {
+        self.link.update(|s| s.held = held);
     }
 
     /// Fault: every call of this client (and its clones) takes `latency` more before it
     /// reaches the store, on top of [`SimConfig::latency`]; other clients are not slowed.
     pub fn set_latency(&self, latency: Duration) {
-        let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
-        self.link.latency_ns.store(ns, Ordering::SeqCst);
+        self.link.set_latency(latency);
     }
 
-    /// The way to the store: the call's latency, then the link's state.
-    async fn travel(&self, operation: &'static str) -> Result<()> {
-        let latency = self.shared.config.latency
-            + Duration::from_nanos(self.link.latency_ns.load(Ordering::SeqCst));
-        if !latency.is_zero() {
-            tokio::time::sleep(latency).await;
-        }
-        if self.link.cut.load(Ordering::SeqCst) {
+    /// The way to the store: the link's faults, then the store's. Returns whether the
+    /// reply will be lost.
+    async fn travel(&self, operation: &'static str) -> Result<bool> {
+        let deaf = self
+            .link
+            .travel(self.shared.config.latency, operation)
+            .await?;
+        if self.is_down() {
             return Err(coord_api::Error::Unavailable {
                 backend: "sim",
                 operation,
-                source: "this client is cut off from the simulated store".into(),
+                source: "the simulated store is down (connection refused)".into(),
             });
         }
-        Ok(())
+        Ok(deaf)
+    }
+
+    fn origin(&self) -> Origin {
+        Origin::Client(self.link.id)
     }
 
     /// The configuration the store runs with.
@@ -365,6 +471,10 @@ async fn background(shared: Weak<Shared>, wake: Arc<Notify>) {
     let epoch = Instant::now();
     loop {
         let Some((deadline, sync_at)) = shared.upgrade().map(|s| {
+            if s.down.load(Ordering::SeqCst) {
+                // Crashed: nothing expires until the restart wakes us.
+                return (None, None);
+            }
             let inner = s.lock();
             let sync_at = inner
                 .state
@@ -393,7 +503,10 @@ async fn background(shared: Weak<Shared>, wake: Arc<Notify>) {
         let Some(strong) = shared.upgrade() else {
             return;
         };
-        strong.apply(|state, now| {
+        if strong.down.load(Ordering::SeqCst) {
+            continue;
+        }
+        strong.apply(Origin::Store, |state, now| {
             state.expire(now);
             // Sync on the cadence's ticks only, like etcd's loop, not whenever we woke.
             if sync_at.is_some_and(|at| now >= at) {
@@ -433,59 +546,77 @@ impl KvLeaseStore for SimStore {
     }
 
     async fn get(&self, req: GetRequest) -> Result<GetResponse> {
-        self.travel("get").await?;
+        let deaf = self.travel("get").await?;
         validate::get(&req)?;
-        self.shared.apply(|s, now| s.get(now, &req))
+        let r = self.shared.apply(self.origin(), |s, now| s.get(now, &req));
+        self.reply("get", deaf, false, r).await
     }
 
     async fn put(&self, req: PutRequest) -> Result<PutResponse> {
-        self.travel("put").await?;
+        let deaf = self.travel("put").await?;
         validate::put(&req, self.limits_ref())?;
-        self.reply("put", self.shared.apply(|s, now| s.put(now, &req)))
+        let r = self.shared.apply(self.origin(), |s, now| s.put(now, &req));
+        self.reply("put", deaf, true, r).await
     }
 
     async fn delete(&self, req: DeleteRequest) -> Result<DeleteResponse> {
-        self.travel("delete").await?;
+        let deaf = self.travel("delete").await?;
         validate::delete(&req)?;
-        self.reply("delete", self.shared.apply(|s, now| s.delete(now, &req)))
+        let r = self
+            .shared
+            .apply(self.origin(), |s, now| s.delete(now, &req));
+        self.reply("delete", deaf, true, r).await
     }
 
     async fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
-        self.travel("txn").await?;
+        let deaf = self.travel("txn").await?;
         validate::txn(&req, self.limits_ref())?;
-        self.reply("txn", self.shared.apply(|s, now| s.txn(now, &req)))
+        let r = self.shared.apply(self.origin(), |s, now| s.txn(now, &req));
+        self.reply("txn", deaf, true, r).await
     }
 
     async fn grant(&self, ttl: Duration) -> Result<LeaseGrant> {
-        self.travel("grant").await?;
+        let deaf = self.travel("grant").await?;
         validate::ttl(ttl, self.limits_ref())?;
         let ttl = validate::granted_ttl(ttl, self.limits_ref());
-        let grant = self.shared.apply(|s, now| s.grant(now, ttl));
+        let grant = self.shared.apply(self.origin(), |s, now| s.grant(now, ttl));
         self.shared.deadlines_changed.notify_one();
-        self.reply("grant", Ok(grant))
+        self.reply("grant", deaf, true, Ok(grant)).await
     }
 
     async fn revoke(&self, lease: LeaseId) -> Result<i64> {
-        self.travel("revoke").await?;
-        self.reply("revoke", self.shared.apply(|s, now| s.revoke(now, lease)))
+        let deaf = self.travel("revoke").await?;
+        let r = self
+            .shared
+            .apply(self.origin(), |s, now| s.revoke(now, lease));
+        self.reply("revoke", deaf, true, r).await
     }
 
     async fn time_to_live(&self, lease: LeaseId) -> Result<LeaseTimeToLive> {
-        self.travel("time-to-live").await?;
-        self.shared.apply(|s, now| s.time_to_live(now, lease))
+        let deaf = self.travel("time-to-live").await?;
+        let r = self
+            .shared
+            .apply(self.origin(), |s, now| s.time_to_live(now, lease));
+        self.reply("time-to-live", deaf, false, r).await
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<Box<dyn KeepAlive>> {
         Ok(Box::new(SimKeepAlive {
             epoch: self.shared.stream_epoch.load(Ordering::SeqCst),
+            generation: self.link.state().generation,
             client: self.clone(),
             lease,
         }))
     }
 
     async fn watch(&self, req: WatchRequest) -> Result<WatchStream> {
-        self.travel("watch").await?;
+        let deaf = self.travel("watch").await?;
         validate::watch(&req)?;
+        if deaf {
+            // The create request arrives, its confirmation never does: the client times out.
+            self.reply("watch", true, false, Ok(())).await?;
+        }
+        let generation = self.link.state().generation;
         let (tx, rx) = mpsc::unbounded_channel();
         let id = {
             let mut inner = self.shared.lock();
@@ -499,15 +630,19 @@ impl KvLeaseStore for SimStore {
         let progress = req
             .progress_notify
             .then_some(self.limits_ref().progress_notify_interval);
-        Ok(watch_stream(self.shared.clone(), id, rx, progress))
+        let link = StreamLink {
+            link: self.link.clone(),
+            generation,
+        };
+        Ok(watch_stream(self.shared.clone(), id, rx, progress, link))
     }
 
     async fn compact(&self, revision: i64) -> Result<()> {
-        self.travel("compact").await?;
-        self.reply(
-            "compact",
-            self.shared.apply(|s, now| s.compact(now, revision)),
-        )
+        let deaf = self.travel("compact").await?;
+        let r = self
+            .shared
+            .apply(self.origin(), |s, now| s.compact(now, revision));
+        self.reply("compact", deaf, true, r).await
     }
 }
 
@@ -537,11 +672,25 @@ impl Drop for WatchGuard {
     }
 }
 
+/// The link a watch stream was opened over, and the connection it was opened on.
+struct StreamLink {
+    link: Arc<Link>,
+    generation: u64,
+}
+
+fn link_broken() -> coord_api::Error {
+    coord_api::Error::StreamClosed {
+        stream: "watch",
+        source: Some("the simulated connection broke".into()),
+    }
+}
+
 fn watch_stream(
     shared: Arc<Shared>,
     id: WatchId,
     mut rx: mpsc::UnboundedReceiver<Result<WatchResponse>>,
     progress: Option<Duration>,
+    link: StreamLink,
 ) -> WatchStream {
     let guard = WatchGuard {
         shared: Arc::downgrade(&shared),
@@ -553,6 +702,7 @@ fn watch_stream(
         // Like etcd, notify progress only after a whole interval without events.
         let mut next_tick = progress.map(|every| Instant::now() + every);
         let mut sent_since_tick = false;
+        let mut link_rx = link.link.subscribe();
         loop {
             let tick = async {
                 match next_tick {
@@ -562,8 +712,20 @@ fn watch_stream(
             };
             tokio::select! {
                 biased;
+                // A fault on the link: the stream stalls while it lasts, and dies with the
+                // connection if the connection broke.
+                changed = link_rx.changed() => {
+                    if changed.is_err() || link.link.wait_flowing(link.generation).await.is_err() {
+                        yield Err(link_broken());
+                        break;
+                    }
+                }
                 item = rx.recv() => match item {
                     Some(item) => {
+                        if link.link.wait_flowing(link.generation).await.is_err() {
+                            yield Err(link_broken());
+                            break;
+                        }
                         let end = item.is_err();
                         sent_since_tick = true;
                         yield item;
@@ -576,6 +738,10 @@ fn watch_stream(
                     next_tick = Some(Instant::now() + every);
                     if std::mem::take(&mut sent_since_tick) {
                         continue;
+                    }
+                    if link.link.wait_flowing(link.generation).await.is_err() {
+                        yield Err(link_broken());
+                        break;
                     }
                     let Some(shared) = guard.shared.upgrade() else { break };
                     // Read the revision under the lock that deliveries are sent under: if
@@ -601,6 +767,8 @@ struct SimKeepAlive {
     client: SimStore,
     lease: LeaseId,
     epoch: u64,
+    /// The client's connection it was opened on.
+    generation: u64,
 }
 
 #[async_trait]
@@ -610,17 +778,21 @@ impl KeepAlive for SimKeepAlive {
     }
 
     async fn renew(&mut self) -> Result<Duration> {
-        self.client.travel("keep-alive").await?;
+        let deaf = self.client.travel("keep-alive").await?;
         let shared = &self.client.shared;
-        if shared.stream_epoch.load(Ordering::SeqCst) != self.epoch {
+        if shared.stream_epoch.load(Ordering::SeqCst) != self.epoch
+            || self.client.link.state().generation != self.generation
+        {
             return Err(coord_api::Error::StreamClosed {
                 stream: "keep-alive",
-                source: Some("the simulator closed every stream".into()),
+                source: Some("the simulated stream was closed".into()),
             });
         }
         // A renewal only moves a deadline later; the expiry task re-reads the earliest
         // deadline whenever it wakes, so it needs no nudge.
-        shared.apply(|s, now| s.renew(now, self.lease))
+        let lease = self.lease;
+        let r = shared.apply(self.client.origin(), |s, now| s.renew(now, lease));
+        self.client.reply("keep-alive", deaf, false, r).await
     }
 }
 

@@ -23,7 +23,7 @@ use tracing::Instrument;
 
 use crate::error::{Error, Result};
 use crate::request::{GetRequest, WatchRequest};
-use crate::store::DynKvLeaseStore;
+use crate::store::{DynKvLeaseStore, KvLeaseStoreExt};
 use crate::types::EventKind;
 
 /// What to watch.
@@ -206,6 +206,23 @@ struct Worker {
 /// A listing: revision and hosts.
 type Listing = (i64, BTreeMap<String, Bytes>);
 
+/// Why a watch stopped being followed.
+enum Broken {
+    /// The store compacted past the watch; the compaction point.
+    Compacted(i64),
+    /// Anything else: closed, silent, could not open.
+    Other(String),
+}
+
+impl std::fmt::Display for Broken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Broken::Compacted(point) => write!(f, "compacted at {point}"),
+            Broken::Other(why) => f.write_str(why),
+        }
+    }
+}
+
 impl Worker {
     fn host(&self, key: &[u8]) -> String {
         String::from_utf8_lossy(&key[self.config.prefix.len().min(key.len())..]).into_owned()
@@ -281,6 +298,9 @@ impl Worker {
                 _ = cancel.cancelled() => return,
                 o = self.follow() => o,
             };
+            if self.planted_skip_relist(&outcome).await {
+                continue;
+            }
             tracing::warn!(reason = %outcome, revision = self.view.revision, "watch broken; re-listing");
             // Re-list until it works and is not behind what we have seen.
             let mut delay = Duration::from_millis(100);
@@ -319,20 +339,44 @@ impl Worker {
         }
     }
 
+    /// The planted watcher bugs: resume without re-listing. True when one applied.
+    async fn planted_skip_relist(&mut self, outcome: &Broken) -> bool {
+        use crate::planted::{enabled, Bug};
+        match outcome {
+            Broken::Compacted(point) if enabled(Bug::WatcherIgnoresCompaction) => {
+                self.view.revision = point - 1;
+                true
+            }
+            Broken::Other(_) if enabled(Bug::WatcherResumesFromNow) => {
+                match self.store.current_revision().await {
+                    Ok(now) => {
+                        self.view.revision = now;
+                        true
+                    }
+                    Err(_) => false,
+                }
+            }
+            _ => false,
+        }
+    }
+
     /// Applies the watch from the view's revision + 1 until it breaks; says why.
-    async fn follow(&mut self) -> String {
+    async fn follow(&mut self) -> Broken {
         let req = WatchRequest::prefix(self.config.prefix.clone())
             .with_start_revision(self.view.revision + 1)
             .with_progress_notify();
         let mut stream = match self.store.watch(req).await {
             Ok(s) => s,
-            Err(e) => return format!("could not open the watch: {e}"),
+            Err(e) => return Broken::Other(format!("could not open the watch: {e}")),
         };
         loop {
             let item = match tokio::time::timeout(self.config.silence, stream.next()).await {
-                Err(_) => return format!("silent for {:?}", self.config.silence),
-                Ok(None) => return "the stream ended".into(),
-                Ok(Some(Err(e))) => return e.to_string(),
+                Err(_) => return Broken::Other(format!("silent for {:?}", self.config.silence)),
+                Ok(None) => return Broken::Other("the stream ended".into()),
+                Ok(Some(Err(Error::Compacted {
+                    compact_revision, ..
+                }))) => return Broken::Compacted(compact_revision),
+                Ok(Some(Err(e))) => return Broken::Other(e.to_string()),
                 Ok(Some(Ok(batch))) => batch,
             };
             for event in item.events {

@@ -253,7 +253,10 @@ impl Leadership {
     /// Resolves when the leadership is over: the session's deadline passed or it ended, or
     /// the key was deleted (resigned, revoked, deleted by hand).
     pub async fn lost(&self) {
+        // Biased, like every select in the library: polling order then never depends on
+        // tokio's unseeded RNG, so simulation runs replay exactly.
         tokio::select! {
+            biased;
             _ = self.lost.cancelled() => {}
             _ = self.session.done() => {}
         }

@@ -231,6 +231,10 @@ impl HostRegistration {
         let first = self.shared.status.send_replace(RegistrationStatus::Stopped)
             != RegistrationStatus::Stopped;
         let lease = LeaseId(self.shared.lease.swap(0, Ordering::SeqCst));
+        if crate::planted::enabled(crate::planted::Bug::StopDeletesUnconditionally) {
+            let key = crate::DeleteRequest::key(self.shared.config.key.clone());
+            self.shared.store.delete(key).await?;
+        }
         if lease.is_none() {
             return Ok(());
         }
@@ -291,6 +295,13 @@ async fn run(shared: Arc<Shared>, mut session: Session, cancel: CancellationToke
             }
         }
         shared.lease.store(0, Ordering::SeqCst);
+        if crate::planted::enabled(crate::planted::Bug::RegistrationGivesUpOnLoss) {
+            shared
+                .status
+                .send_replace(RegistrationStatus::Healing { attempt: 0 });
+            cancel.cancelled().await;
+            return;
+        }
         // Heal: a fresh lease and the key under it, backing off between attempts.
         let mut attempt = 0;
         session = loop {
@@ -338,6 +349,7 @@ async fn hold(shared: &Shared, session: &Session) -> super::SessionEnd {
                 Ok(s) => s,
                 Err(_) => {
                     tokio::select! {
+                        biased;
                         end = session.done() => return end,
                         _ = tokio::time::sleep(Duration::from_millis(200)) => continue,
                     }

@@ -118,11 +118,16 @@ impl Inner {
             tokio::select! {
                 biased;
                 changed = rx.changed() => if changed.is_err() { return SessionEnd::Closed },
-                _ = sleep_until(s.deadline) => {
+                _ = sleep_until(s.deadline), if !ignores_deadline() => {
                     self.end(SessionEnd::Expired);
                 }
             }
         }
+    }
+
+    /// Whether the local deadline counts (it always does, unless the planted bug is on).
+    fn past_deadline(&self, now: Instant) -> bool {
+        !ignores_deadline() && now >= self.state().deadline
     }
 }
 
@@ -148,8 +153,7 @@ impl SessionHandle {
 
     /// True once the session ended or its deadline passed.
     pub fn is_done(&self) -> bool {
-        let s = self.inner.state();
-        s.ended.is_some() || Instant::now() >= s.deadline
+        self.inner.state().ended.is_some() || self.inner.past_deadline(Instant::now())
     }
 
     /// Resolves when the session ends: the lease is reported gone, the deadline passes, or
@@ -281,6 +285,11 @@ impl Drop for Session {
     }
 }
 
+/// The planted bug that trusts renewal replies alone (see [`crate::planted`]).
+fn ignores_deadline() -> bool {
+    crate::planted::enabled(crate::planted::Bug::StepDownOnRenewalReply)
+}
+
 /// Renews every `every` until cancelled, the lease is gone, or the deadline passes.
 async fn renew(inner: Arc<Inner>, every: Duration, cancel: CancellationToken) {
     let mut channel: Option<Box<dyn KeepAlive>> = None;
@@ -292,7 +301,7 @@ async fn renew(inner: Arc<Inner>, every: Duration, cancel: CancellationToken) {
         tokio::select! {
             biased;
             _ = cancel.cancelled() => return,
-            _ = sleep_until(deadline) => {
+            _ = sleep_until(deadline), if !ignores_deadline() => {
                 tracing::warn!("session expired: no renewal acknowledged before the deadline");
                 inner.end(SessionEnd::Expired);
                 return;
@@ -319,7 +328,7 @@ async fn renew(inner: Arc<Inner>, every: Duration, cancel: CancellationToken) {
         let result = tokio::select! {
             biased;
             _ = cancel.cancelled() => return,
-            _ = sleep_until(deadline) => {
+            _ = sleep_until(deadline), if !ignores_deadline() => {
                 tracing::warn!("session expired while a renewal was outstanding");
                 inner.end(SessionEnd::Expired);
                 return;

@@ -1,0 +1,104 @@
+//! Planted bugs: deliberate defects, compiled in only with the `planted-bugs` feature and
+//! switched on one at a time at run time, so the simulator's checkers can prove they catch
+//! what they claim to catch (FoundationDB's and etcd's "canaries").
+//!
+//! Without the feature, [`enabled`] is a constant `false` and every planted branch compiles
+//! away; with it, every bug is still off until [`enable`] is called. Never enable the feature
+//! outside tests.
+
+/// A deliberate defect, each one a bug that real coordination libraries have shipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum Bug {
+    /// A waiting campaign trusts "no predecessor left" and never re-checks that its own key
+    /// still stands (etcd#11051): a deleted candidate becomes a phantom leader. Caught by S3.
+    CampaignSkipsOwnKeyCheck,
+    /// After a broken watch stream the cluster watcher re-watches from the current revision
+    /// instead of re-listing from its own: changes made during the gap are never seen.
+    /// Caught by S4/S5.
+    WatcherResumesFromNow,
+    /// On `Compacted` the cluster watcher resumes at the compaction point instead of
+    /// re-listing: the net changes inside the compacted window are lost. Caught by S4/S5.
+    WatcherIgnoresCompaction,
+    /// `HostRegistration::stop` deletes the key by name instead of revoking its own lease, so
+    /// it deletes another incarnation's key (etcd#22082). Caught by S6.
+    StopDeletesUnconditionally,
+    /// A registration whose lease is lost gives up instead of granting a new one: the host
+    /// stays unregistered forever. Caught by L1.
+    RegistrationGivesUpOnLoss,
+    /// A session ends only when a renewal reply says the lease is gone, never at its local
+    /// deadline: a partitioned leader keeps believing it leads. Caught by S2.
+    StepDownOnRenewalReply,
+}
+
+impl Bug {
+    /// Every planted bug.
+    pub const ALL: [Bug; 6] = [
+        Bug::CampaignSkipsOwnKeyCheck,
+        Bug::WatcherResumesFromNow,
+        Bug::WatcherIgnoresCompaction,
+        Bug::StopDeletesUnconditionally,
+        Bug::RegistrationGivesUpOnLoss,
+        Bug::StepDownOnRenewalReply,
+    ];
+
+    /// A stable name for command lines and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Bug::CampaignSkipsOwnKeyCheck => "campaign-skips-own-key-check",
+            Bug::WatcherResumesFromNow => "watcher-resumes-from-now",
+            Bug::WatcherIgnoresCompaction => "watcher-ignores-compaction",
+            Bug::StopDeletesUnconditionally => "stop-deletes-unconditionally",
+            Bug::RegistrationGivesUpOnLoss => "registration-gives-up-on-loss",
+            Bug::StepDownOnRenewalReply => "step-down-on-renewal-reply",
+        }
+    }
+
+    /// The bug named `name` (see [`name`](Self::name)).
+    pub fn from_name(name: &str) -> Option<Bug> {
+        Bug::ALL.into_iter().find(|b| b.name() == name)
+    }
+
+    #[cfg(feature = "planted-bugs")]
+    fn bit(self) -> u32 {
+        1 << (self as u32)
+    }
+}
+
+#[cfg(feature = "planted-bugs")]
+static ENABLED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Whether `bug` is switched on. Always `false` without the `planted-bugs` feature.
+#[inline]
+pub fn enabled(bug: Bug) -> bool {
+    #[cfg(feature = "planted-bugs")]
+    {
+        ENABLED.load(std::sync::atomic::Ordering::Relaxed) & bug.bit() != 0
+    }
+    #[cfg(not(feature = "planted-bugs"))]
+    {
+        let _ = bug;
+        false
+    }
+}
+
+/// Whether this build can plant bugs at all (the `planted-bugs` feature).
+pub const AVAILABLE: bool = cfg!(feature = "planted-bugs");
+
+/// Switches exactly `bugs` on, process-wide (every other bug off).
+///
+/// # Panics
+/// When asked to switch a bug on in a build without the `planted-bugs` feature: a test that
+/// believes it planted a bug must not silently run without it.
+pub fn enable(bugs: &[Bug]) {
+    #[cfg(feature = "planted-bugs")]
+    {
+        let mask = bugs.iter().fold(0, |m, b| m | b.bit());
+        ENABLED.store(mask, std::sync::atomic::Ordering::SeqCst);
+    }
+    #[cfg(not(feature = "planted-bugs"))]
+    assert!(
+        bugs.is_empty(),
+        "planted bugs need the `planted-bugs` feature of coord-api"
+    );
+}
