@@ -48,6 +48,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod chaos;
 pub mod journal;
 mod link;
 pub mod state;

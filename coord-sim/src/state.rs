@@ -605,9 +605,11 @@ impl State {
     }
 
     /// An etcd leader change as the leases see it: the new leader's lessor refreshes every
-    /// lease to `now + extend + TTL` (etcd's `Promote`), so leases outlive their TTL.
+    /// lease to `now + extend + TTL` (etcd's `Promote`), so leases outlive their TTL. Leases
+    /// past their deadline are refreshed too, not expired: after a restart, etcd's recovered
+    /// leases all get a fresh TTL, whatever the downtime. (For a leader change without
+    /// downtime, call [`expire`](Self::expire) first, as the old leader would have.)
     pub fn promote(&mut self, now: Instant, extend: Duration) {
-        self.expire(now);
         let ids: Vec<LeaseId> = self.leases.keys().copied().collect();
         for id in ids {
             let lease = self.leases.get_mut(&id).expect("listed");

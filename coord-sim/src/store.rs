@@ -299,8 +299,10 @@ impl SimStore {
     /// lease outlives its TTL: etcd#9395).
     pub fn leader_change(&self, election_timeout: Duration) {
         self.close_streams();
-        self.shared
-            .apply(Origin::Store, |s, now| s.promote(now, election_timeout));
+        self.shared.apply(Origin::Store, |s, now| {
+            s.expire(now);
+            s.promote(now, election_timeout);
+        });
         self.shared.deadlines_changed.notify_one();
     }
 
@@ -316,8 +318,13 @@ impl SimStore {
     /// to its TTL plus `election_timeout` from now, as a restarted etcd member that becomes
     /// leader does.
     pub fn restart(&self, election_timeout: Duration) {
+        // Refresh before answering: a lease whose deadline passed while the store was down
+        // lives on, as etcd's recovered leases do.
+        self.shared
+            .apply(Origin::Store, |s, now| s.promote(now, election_timeout));
         self.shared.down.store(false, Ordering::SeqCst);
-        self.leader_change(election_timeout);
+        self.close_streams();
+        self.shared.deadlines_changed.notify_one();
     }
 
     /// Whether the store is crashed.
@@ -788,10 +795,11 @@ impl KeepAlive for SimKeepAlive {
                 source: Some("the simulated stream was closed".into()),
             });
         }
-        // A renewal only moves a deadline later; the expiry task re-reads the earliest
-        // deadline whenever it wakes, so it needs no nudge.
         let lease = self.lease;
         let r = shared.apply(self.client.origin(), |s, now| s.renew(now, lease));
+        // A renewal can move a deadline earlier too: after a leader change refreshed the
+        // lease to TTL + election timeout, a renewal sets it back to now + TTL, as etcd's does.
+        shared.deadlines_changed.notify_one();
         self.client.reply("keep-alive", deaf, false, r).await
     }
 }

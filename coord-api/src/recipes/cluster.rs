@@ -3,10 +3,17 @@
 //! The promise: the events, applied in order to an empty set, give exactly the view; every
 //! net change reaches the consumer, none twice. It lists the prefix, emits `HostUp` for each
 //! host, then watches from the listing's revision + 1 (never from 0, which means "now" to
-//! etcd and loses the gap). When the watch breaks (a compacted start revision, a lost
-//! connection, or silence past [`ClusterWatcherConfig::silence`]), it lists again and emits
-//! the difference between its last view and the new listing: hosts that flapped inside the
-//! gap collapse, but no net change is lost. go-coord's watcher, and etcd's own endpoint
+//! etcd and loses the gap).
+//!
+//! When the stream breaks (a lost connection, a leader change), it resumes the watch from the
+//! last revision it has seen, not the one after it, and drops what it has already seen: a
+//! resume costs one watch request, not a listing of every host. Starting one revision early
+//! is deliberate: etcd 3.4 loses the deletes at the compaction revision from a watch that
+//! starts exactly there (etcd#19179); from one revision earlier, such a compaction is
+//! reported as `Compacted` instead. When the watch is compacted, or silent past
+//! [`ClusterWatcherConfig::silence`] (a stuck member), it lists again and emits the
+//! difference between its last view and the new listing: hosts that flapped inside the gap
+//! collapse, but no net change is lost. go-coord's watcher, and etcd's own endpoint
 //! resolver, simply end on compaction.
 
 use std::collections::BTreeMap;
@@ -210,15 +217,18 @@ type Listing = (i64, BTreeMap<String, Bytes>);
 enum Broken {
     /// The store compacted past the watch; the compaction point.
     Compacted(i64),
-    /// Anything else: closed, silent, could not open.
-    Other(String),
+    /// No event and no progress notification for this long.
+    Silent(Duration),
+    /// The stream closed or failed, or could not be opened (`opened` false).
+    Closed { opened: bool, why: String },
 }
 
 impl std::fmt::Display for Broken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Broken::Compacted(point) => write!(f, "compacted at {point}"),
-            Broken::Other(why) => f.write_str(why),
+            Broken::Silent(d) => write!(f, "silent for {d:?}"),
+            Broken::Closed { why, .. } => f.write_str(why),
         }
     }
 }
@@ -292,14 +302,38 @@ impl Worker {
     }
 
     async fn run(mut self, cancel: CancellationToken) {
+        // The first watch starts after the listing; later ones resume at the last revision
+        // seen (see the module docs).
+        let mut from = self.view.revision + 1;
+        let mut resume_delay = Duration::from_millis(100);
         loop {
             let outcome = tokio::select! {
                 biased;
                 _ = cancel.cancelled() => return,
-                o = self.follow() => o,
+                o = self.follow(from) => o,
             };
             if self.planted_skip_relist(&outcome).await {
+                from = self.view.revision + 1;
                 continue;
+            }
+            match &outcome {
+                Broken::Closed { opened, why } => {
+                    tracing::debug!(reason = %why, revision = self.view.revision, "watch broken; resuming");
+                    from = self.view.revision.max(1);
+                    if *opened {
+                        resume_delay = Duration::from_millis(100);
+                        continue;
+                    }
+                    // The store is unreachable: back off before the next attempt.
+                    tokio::select! {
+                        biased;
+                        _ = cancel.cancelled() => return,
+                        _ = tokio::time::sleep(resume_delay) => {}
+                    }
+                    resume_delay = (resume_delay * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+                Broken::Compacted(_) | Broken::Silent(_) => {}
             }
             tracing::warn!(reason = %outcome, revision = self.view.revision, "watch broken; re-listing");
             // Re-list until it works and is not behind what we have seen.
@@ -313,6 +347,7 @@ impl Worker {
                 match listed {
                     Ok(l) if l.0 >= self.view.revision => {
                         self.apply_listing(l, true).await;
+                        from = self.view.revision + 1;
                         tracing::info!(
                             revision = self.view.revision,
                             hosts = self.view.hosts.len(),
@@ -347,7 +382,7 @@ impl Worker {
                 self.view.revision = point - 1;
                 true
             }
-            Broken::Other(_) if enabled(Bug::WatcherResumesFromNow) => {
+            Broken::Closed { opened: true, .. } if enabled(Bug::WatcherResumesFromNow) => {
                 match self.store.current_revision().await {
                     Ok(now) => {
                         self.view.revision = now;
@@ -360,34 +395,44 @@ impl Worker {
         }
     }
 
-    /// Applies the watch from the view's revision + 1 until it breaks; says why.
-    async fn follow(&mut self) -> Broken {
+    /// Applies the watch from `from` until it breaks; says why. Events the view already has
+    /// (a resume starts at the last revision seen) are dropped.
+    async fn follow(&mut self, from: i64) -> Broken {
         let req = WatchRequest::prefix(self.config.prefix.clone())
-            .with_start_revision(self.view.revision + 1)
+            .with_start_revision(from)
             .with_progress_notify();
         let mut stream = match self.store.watch(req).await {
             Ok(s) => s,
-            Err(e) => return Broken::Other(format!("could not open the watch: {e}")),
+            Err(Error::Compacted {
+                compact_revision, ..
+            }) => return Broken::Compacted(compact_revision),
+            Err(e) => {
+                return Broken::Closed {
+                    opened: false,
+                    why: format!("could not open the watch: {e}"),
+                }
+            }
         };
+        let closed = |why: String| Broken::Closed { opened: true, why };
         loop {
             let item = match tokio::time::timeout(self.config.silence, stream.next()).await {
-                Err(_) => return Broken::Other(format!("silent for {:?}", self.config.silence)),
-                Ok(None) => return Broken::Other("the stream ended".into()),
+                Err(_) => return Broken::Silent(self.config.silence),
+                Ok(None) => return closed("the stream ended".into()),
                 Ok(Some(Err(Error::Compacted {
                     compact_revision, ..
                 }))) => return Broken::Compacted(compact_revision),
-                Ok(Some(Err(e))) => return Broken::Other(e.to_string()),
+                Ok(Some(Err(e))) => return closed(e.to_string()),
                 Ok(Some(Ok(batch))) => batch,
             };
             for event in item.events {
                 let rev = event.kv.mod_revision;
                 if rev <= self.view.revision {
-                    // A watch must never go back in time (etcd#15271); a replay of what we
-                    // have is rejected rather than applied twice.
-                    tracing::warn!(
+                    // What a resume replays by design (the last revision seen), or a watch
+                    // going back in time (etcd#15271): either way, never applied twice.
+                    tracing::trace!(
                         revision = rev,
                         view = self.view.revision,
-                        "event older than the view; rejected"
+                        "event not newer than the view; dropped"
                     );
                     continue;
                 }

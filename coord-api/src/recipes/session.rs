@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio::time::{sleep_until, Instant};
+use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -94,7 +94,7 @@ struct Inner {
 
 impl Inner {
     fn end(&self, why: SessionEnd) {
-        self.state.send_if_modified(|s| {
+        let ended = self.state.send_if_modified(|s| {
             if s.ended.is_none() {
                 s.ended = Some(why);
                 true
@@ -102,6 +102,11 @@ impl Inner {
                 false
             }
         });
+        // Whoever noticed the deadline first (the renewal task, or a waiter on `done`), the
+        // abandoned lease is revoked once.
+        if ended && why == SessionEnd::Expired {
+            revoke_abandoned(self.store.clone(), self.lease, self.ttl);
+        }
     }
 
     fn state(&self) -> State {
@@ -283,6 +288,39 @@ impl Drop for Session {
     fn drop(&mut self) {
         self.cancel.cancel();
     }
+}
+
+/// A session whose deadline passed is over for us, but the store may still hold its lease:
+/// renewals that arrived without their replies coming back (a one-way partition), or an etcd
+/// restart that refreshed every lease. Its keys (a queued candidate, a registration) would
+/// linger until the store expires them, blocking the queue behind them. So revoke it, in the
+/// background and without the session's cancellation (the session is being replaced), for up
+/// to two TTLs.
+fn revoke_abandoned(store: Arc<DynKvLeaseStore>, lease: LeaseId, ttl: Duration) {
+    let retry = ttl / 3;
+    tokio::spawn(
+        async move {
+            let give_up = Instant::now() + ttl * 2;
+            loop {
+                match store.revoke(lease).await {
+                    Ok(_) => {
+                        tracing::info!("revoked the expired session's lease");
+                        return;
+                    }
+                    Err(Error::LeaseNotFound { .. }) => return,
+                    Err(_) if Instant::now() + retry < give_up => sleep(retry).await,
+                    Err(e) => {
+                        tracing::debug!(
+                            error = &e as &dyn std::error::Error,
+                            "could not revoke the expired session's lease; it will expire"
+                        );
+                        return;
+                    }
+                }
+            }
+        }
+        .in_current_span(),
+    );
 }
 
 /// The planted bug that trusts renewal replies alone (see [`crate::planted`]).

@@ -1,0 +1,194 @@
+//! Each node's beliefs as intervals: when it believed it led, and when it believed it was
+//! registered; plus the faults as intervals.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use coord_api::LeaseId;
+
+use crate::chaos::fault::{Fault, FaultKind};
+use crate::chaos::history::{Happening, History, Incarnation};
+
+/// A leadership belief.
+#[derive(Debug, Clone)]
+pub(crate) struct Leading {
+    pub who: Incarnation,
+    pub election: usize,
+    pub token: i64,
+    pub from: Duration,
+    pub until: Duration,
+    /// Ended by a crash rather than by the node.
+    pub crashed: bool,
+}
+
+/// A registration belief.
+#[derive(Debug, Clone)]
+pub(crate) struct Registered {
+    pub who: Incarnation,
+    pub lease: LeaseId,
+    pub from: Duration,
+    pub until: Duration,
+}
+
+/// A fault and its span.
+#[derive(Debug, Clone)]
+pub(crate) struct FaultSpan {
+    pub fault: Fault,
+    pub from: Duration,
+    pub until: Duration,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Beliefs {
+    pub leading: Vec<Leading>,
+    pub registered: Vec<Registered>,
+    pub faults: Vec<FaultSpan>,
+    /// When each incarnation started, crashed, stopped (clean or not).
+    pub started: BTreeMap<Incarnation, Duration>,
+    pub crashed: BTreeMap<Incarnation, Duration>,
+    pub stopped: BTreeMap<Incarnation, (Duration, bool)>,
+    pub stopping: BTreeMap<Incarnation, Duration>,
+    pub heal: Duration,
+}
+
+impl Beliefs {
+    pub(crate) fn build(history: &History, end: Duration) -> Beliefs {
+        let mut b = Beliefs {
+            heal: end,
+            ..Beliefs::default()
+        };
+        let mut leading: BTreeMap<(Incarnation, usize), (i64, Duration)> = BTreeMap::new();
+        let mut registered: BTreeMap<Incarnation, (LeaseId, Duration)> = BTreeMap::new();
+        let mut faults: Vec<(Fault, Duration)> = Vec::new();
+        for r in &history.records {
+            match &r.what {
+                Happening::Started { who, .. } => {
+                    b.started.insert(*who, r.at);
+                }
+                Happening::LeaderStart {
+                    who,
+                    election,
+                    token,
+                } => {
+                    leading.insert((*who, *election), (*token, r.at));
+                }
+                Happening::LeaderEnd { who, election, .. } => {
+                    if let Some((token, from)) = leading.remove(&(*who, *election)) {
+                        b.leading.push(Leading {
+                            who: *who,
+                            election: *election,
+                            token,
+                            from,
+                            until: r.at,
+                            crashed: false,
+                        });
+                    }
+                }
+                Happening::Registered(who, lease) => {
+                    if let Some((old, from)) = registered.insert(*who, (*lease, r.at)) {
+                        b.registered.push(Registered {
+                            who: *who,
+                            lease: old,
+                            from,
+                            until: r.at,
+                        });
+                    }
+                }
+                Happening::Unregistered(who) => {
+                    if let Some((lease, from)) = registered.remove(who) {
+                        b.registered.push(Registered {
+                            who: *who,
+                            lease,
+                            from,
+                            until: r.at,
+                        });
+                    }
+                }
+                Happening::Crashed(who) => {
+                    b.crashed.insert(*who, r.at);
+                    let ended: Vec<_> = leading.keys().filter(|(w, _)| w == who).copied().collect();
+                    for k in ended {
+                        let (token, from) = leading.remove(&k).expect("listed");
+                        b.leading.push(Leading {
+                            who: k.0,
+                            election: k.1,
+                            token,
+                            from,
+                            until: r.at,
+                            crashed: true,
+                        });
+                    }
+                    if let Some((lease, from)) = registered.remove(who) {
+                        b.registered.push(Registered {
+                            who: *who,
+                            lease,
+                            from,
+                            until: r.at,
+                        });
+                    }
+                }
+                Happening::Stopping(who) => {
+                    b.stopping.insert(*who, r.at);
+                }
+                Happening::Stopped { who, clean } => {
+                    b.stopped.insert(*who, (r.at, *clean));
+                }
+                Happening::FaultStart(f) => faults.push((f.clone(), r.at)),
+                Happening::FaultEnd(f) => {
+                    if let Some(i) = faults.iter().position(|(g, _)| g == f) {
+                        let (fault, from) = faults.remove(i);
+                        b.faults.push(FaultSpan {
+                            fault,
+                            from,
+                            until: r.at,
+                        });
+                    }
+                }
+                Happening::Heal => b.heal = r.at,
+                _ => {}
+            }
+        }
+        for ((who, election), (token, from)) in leading {
+            b.leading.push(Leading {
+                who,
+                election,
+                token,
+                from,
+                until: end,
+                crashed: false,
+            });
+        }
+        for (who, (lease, from)) in registered {
+            b.registered.push(Registered {
+                who,
+                lease,
+                from,
+                until: end,
+            });
+        }
+        for (fault, from) in faults {
+            // Instant faults (and lasting ones cut off by the end) span to their start.
+            let until = if fault.kind.lasts() { end } else { from };
+            b.faults.push(FaultSpan { fault, from, until });
+        }
+        b.leading.sort_by_key(|l| (l.election, l.from));
+        b
+    }
+
+    /// Whether a fault of one of `kinds` touching `node` (or the whole store, for
+    /// store-wide kinds) overlaps `[from, until]`.
+    pub(crate) fn fault_near(
+        &self,
+        node: Option<usize>,
+        kinds: &[FaultKind],
+        from: Duration,
+        until: Duration,
+    ) -> bool {
+        self.faults.iter().any(|f| {
+            kinds.contains(&f.fault.kind)
+                && (!f.fault.kind.targets_node() || node.is_none_or(|n| n == f.fault.node))
+                && f.from <= until
+                && f.until >= from
+        })
+    }
+}

@@ -1,0 +1,357 @@
+//! The liveness and timeliness invariants: after the heal instant, or after each fault.
+
+use std::time::Duration;
+
+use super::{Ctx, Violation};
+use crate::chaos::fault::FaultKind;
+use crate::chaos::history::{Happening, Incarnation};
+use crate::chaos::node::host_key;
+
+pub(super) fn check(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
+    l1_self_healing(ctx, out);
+    l3_dead_host_expiry(ctx, out);
+    l4_watcher_convergence(ctx, out);
+    l5_leader_exists(ctx, out);
+    l6_failover(ctx, out);
+    l7_graceful_stop(ctx, out);
+}
+
+fn v(invariant: &'static str, at: Duration, nodes: &[Incarnation], detail: String) -> Violation {
+    Violation {
+        invariant,
+        at,
+        nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        detail,
+    }
+}
+
+/// The bound for healing after `t_h`: τ + B + ET (a leader change's lease extension) + RTT.
+fn heal_bound(ctx: &Ctx<'_>) -> Duration {
+    let s = ctx.scenario;
+    s.ttl + s.max_backoff + s.election_timeout + ctx.rtt()
+}
+
+/// Each node's last incarnation, if it is alive at the end.
+fn live_at_end(ctx: &Ctx<'_>) -> Vec<Incarnation> {
+    let mut last: std::collections::BTreeMap<usize, Incarnation> = Default::default();
+    for who in ctx.beliefs.started.keys() {
+        let e = last.entry(who.node).or_insert(*who);
+        if who.inc > e.inc {
+            *e = *who;
+        }
+    }
+    last.into_values()
+        .filter(|w| !ctx.beliefs.crashed.contains_key(w) && !ctx.beliefs.stopped.contains_key(w))
+        .collect()
+}
+
+/// L1: by t_h + τ + B + ET + RTT every live node is registered, believes it, and stays so.
+fn l1_self_healing(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
+    let from = ctx.beliefs.heal + heal_bound(ctx);
+    if from >= ctx.end {
+        return;
+    }
+    for who in live_at_end(ctx) {
+        let key = host_key(who.node);
+        // The key must exist under this incarnation's lease from `from` to the end.
+        let span = ctx.truth.key_spans.iter().find(|s| {
+            s.key == key
+                && ctx.truth.granted_by(s.lease) == Some(who)
+                && s.from <= from
+                && s.until.is_none()
+        });
+        let covered = span.is_some();
+        let believed = ctx.beliefs.registered.iter().any(|r| {
+            r.who == who
+                && r.from <= from
+                && r.until >= ctx.end
+                && span.is_none_or(|s| s.lease == r.lease)
+        });
+        if !covered || !believed {
+            out.push(v(
+                "L1",
+                from,
+                &[who],
+                format!(
+                    "not registered for good by {:.3}s (heal + {:.3}s): key held to the end: {covered}, believed: {believed}",
+                    from.as_secs_f64(),
+                    heal_bound(ctx).as_secs_f64()
+                ),
+            ));
+        }
+    }
+}
+
+/// L3: a crashed incarnation's leases end by their last renewal + τ, or by a later lease
+/// refresh (leader change, store restart) + ET + τ.
+fn l3_dead_host_expiry(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
+    let slack = Duration::from_millis(1);
+    for (who, crashed) in &ctx.beliefs.crashed {
+        for (lease, (client, _)) in &ctx.truth.grants {
+            if ctx.truth.incarnation_of(*client) != Some(*who) {
+                continue;
+            }
+            let ended = ctx.truth.lease_ends.get(lease).copied();
+            if ended.is_some_and(|e| e <= *crashed) {
+                continue;
+            }
+            let bound = expiry_bound(ctx, *lease, *crashed) + slack;
+            let late = match ended {
+                Some(e) => e > bound,
+                None => ctx.end > bound,
+            };
+            if late {
+                out.push(v(
+                    "L3",
+                    bound,
+                    &[*who],
+                    format!(
+                        "lease {lease} of a crashed incarnation ended at {} (bound {:.3}s)",
+                        ended.map_or("never".to_owned(), |e| format!("{:.3}s", e.as_secs_f64())),
+                        bound.as_secs_f64()
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// When the store ought to have ended `lease`, counting renewals up to `since` only: its last
+/// renewal + τ, moved by every refresh before then (a leader change: + ET + τ) and by every
+/// store downtime covering it (nothing expires while the store is down; the restart
+/// refreshes).
+fn expiry_bound(ctx: &Ctx<'_>, lease: coord_api::LeaseId, since: Duration) -> Duration {
+    let ttl = ctx.scenario.ttl;
+    let renewed = ctx
+        .truth
+        .renewals
+        .get(&lease)
+        .and_then(|r| r.iter().rev().find(|t| **t <= since).copied())
+        .or_else(|| ctx.truth.grants.get(&lease).map(|g| g.1))
+        .unwrap_or_default();
+    let mut bound = renewed + ttl;
+    loop {
+        let before = bound;
+        for (at, extend) in &ctx.truth.promotes {
+            if *at >= renewed && *at <= bound {
+                bound = bound.max(*at + *extend + ttl);
+            }
+        }
+        for f in &ctx.beliefs.faults {
+            if f.fault.kind == FaultKind::StoreCrash && f.from <= bound && f.until >= bound {
+                bound = bound.max(f.until + ctx.scenario.election_timeout + ttl);
+            }
+        }
+        if bound == before {
+            return bound;
+        }
+    }
+}
+
+/// L4: once the hosts stop changing, every live watcher's view converges to the truth.
+fn l4_watcher_convergence(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
+    let last_change = ctx
+        .truth
+        .transitions
+        .values()
+        .flatten()
+        .map(|t| ctx.truth.revision_at[&t.revision])
+        .max()
+        .unwrap_or_default();
+    let settle = ctx.rtt() + Duration::from_secs(2);
+    if last_change + settle >= ctx.end || ctx.beliefs.heal + heal_bound(ctx) >= ctx.end {
+        return;
+    }
+    let truth: std::collections::BTreeSet<String> = ctx
+        .truth
+        .final_keys
+        .keys()
+        .filter_map(|k| k.strip_prefix(crate::chaos::node::HOSTS).map(str::to_owned))
+        .collect();
+    for who in live_at_end(ctx) {
+        if who.node >= ctx.scenario.watchers {
+            continue;
+        }
+        let last = ctx
+            .history
+            .records
+            .iter()
+            .rev()
+            .find_map(|r| match &r.what {
+                Happening::View {
+                    who: w,
+                    hosts,
+                    revision,
+                } if *w == who => Some((hosts, *revision)),
+                _ => None,
+            });
+        let Some((hosts, revision)) = last else {
+            continue;
+        };
+        let view: std::collections::BTreeSet<String> = hosts.iter().cloned().collect();
+        if view != truth {
+            out.push(v(
+                "L4",
+                last_change + settle,
+                &[who],
+                format!(
+                    "final view {view:?} (revision {revision}) differs from the store's {truth:?}"
+                ),
+            ));
+        }
+    }
+}
+
+/// L5: after t_h + τ + B + ET + RTT, no election goes without a leader for longer than
+/// τ + B + 2RTT.
+fn l5_leader_exists(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
+    let from = ctx.beliefs.heal + heal_bound(ctx);
+    let gap_bound = ctx.scenario.ttl + ctx.scenario.max_backoff + ctx.rtt() * 2;
+    if from >= ctx.end || live_at_end(ctx).is_empty() {
+        return;
+    }
+    for e in 0..ctx.scenario.elections {
+        let mut spans: Vec<(Duration, Duration)> = ctx
+            .beliefs
+            .leading
+            .iter()
+            .filter(|l| l.election == e && l.until > from)
+            .map(|l| (l.from.max(from), l.until))
+            .collect();
+        spans.sort();
+        let mut covered_to = from;
+        let mut worst = (Duration::ZERO, from);
+        for (a, b) in spans.iter().copied().chain([(ctx.end, ctx.end)]) {
+            if a > covered_to && a - covered_to > worst.0 {
+                worst = (a - covered_to, covered_to);
+            }
+            covered_to = covered_to.max(b);
+        }
+        if worst.0 > gap_bound {
+            out.push(v(
+                "L5",
+                worst.1,
+                &[],
+                format!(
+                    "election e{e} had no leader for {:.3}s after the heal (bound {:.3}s)",
+                    worst.0.as_secs_f64(),
+                    gap_bound.as_secs_f64()
+                ),
+            ));
+        }
+    }
+}
+
+/// L6: when a leader crashes and nothing else is wrong, a successor leads within one round
+/// trip (plus a retry pause) of the old key's expiry.
+fn l6_failover(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
+    let quiet_kinds: Vec<FaultKind> = FaultKind::ALL
+        .into_iter()
+        .filter(|k| *k != FaultKind::Crash)
+        .collect();
+    for l in ctx.beliefs.leading.iter().filter(|l| l.crashed) {
+        let Some(d) = ctx.truth.deletions.iter().find(|d| {
+            d.create_revision == l.token
+                && d.key
+                    .starts_with(&crate::chaos::node::election_name(l.election))
+        }) else {
+            continue;
+        };
+        let bound = d.at + ctx.rtt() + Duration::from_millis(500);
+        if bound >= ctx.end
+            || ctx.beliefs.fault_near(
+                None,
+                &quiet_kinds,
+                l.until.saturating_sub(ctx.scenario.ttl),
+                bound,
+            )
+        {
+            continue;
+        }
+        // Someone must be able to lead: a live incarnation other than the crashed one.
+        let others = ctx.beliefs.started.keys().any(|w| {
+            w.node != l.who.node
+                && ctx.beliefs.crashed.get(w).is_none_or(|c| *c > bound)
+                && !ctx.beliefs.stopped.contains_key(w)
+        });
+        if !others {
+            continue;
+        }
+        let next = ctx
+            .beliefs
+            .leading
+            .iter()
+            .filter(|n| n.election == l.election && n.from >= l.from && n.token != l.token)
+            .map(|n| n.from)
+            .min();
+        if next.is_none_or(|n| n > bound) {
+            out.push(v(
+                "L6",
+                bound,
+                &[l.who],
+                format!(
+                    "election e{}: the leader crashed, its key expired at {:.3}s, no successor by {:.3}s",
+                    l.election,
+                    d.at.as_secs_f64(),
+                    bound.as_secs_f64()
+                ),
+            ));
+        }
+    }
+}
+
+/// L7: a stop that returned cleanly removed what the incarnation held when it began: its
+/// registration's key and its leaders' keys. (Keys under leases it had already given up are
+/// L3's business: they expire by its bound.)
+fn l7_graceful_stop(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
+    for (who, (at, clean)) in &ctx.beliefs.stopped {
+        let Some(began) = ctx.beliefs.stopping.get(who).copied() else {
+            continue;
+        };
+        if !clean {
+            continue;
+        }
+        let held = |from: Duration, until: Duration| from <= began && until >= began;
+        let mut leases: Vec<(coord_api::LeaseId, String)> = ctx
+            .beliefs
+            .registered
+            .iter()
+            .filter(|r| r.who == *who && held(r.from, r.until))
+            .map(|r| (r.lease, "its registration".to_owned()))
+            .collect();
+        for l in ctx
+            .beliefs
+            .leading
+            .iter()
+            .filter(|l| l.who == *who && held(l.from, l.until))
+        {
+            let prefix = crate::chaos::node::election_name(l.election);
+            if let Some(span) = ctx
+                .truth
+                .key_spans
+                .iter()
+                .find(|s| s.create_revision == l.token && s.key.starts_with(&prefix))
+            {
+                leases.push((span.lease, format!("its leadership of e{}", l.election)));
+            }
+        }
+        for s in &ctx.truth.key_spans {
+            let Some((_, what)) = leases.iter().find(|(l, _)| *l == s.lease) else {
+                continue;
+            };
+            if s.from <= *at && s.until.is_none_or(|u| u > *at) {
+                out.push(v(
+                    "L7",
+                    *at,
+                    &[*who],
+                    format!(
+                        "{} (lease {}, {what}) outlived the stop at {:.3}s",
+                        s.key,
+                        s.lease,
+                        at.as_secs_f64()
+                    ),
+                ));
+            }
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! The faults a run injects, and the schedule drawn from a seed.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::rng::Rng;
+use super::scenario::Scenario;
+
+/// A kind of fault, as named on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FaultKind {
+    /// A node cut off from the store both ways (F3).
+    Partition,
+    /// A one-way partition: requests arrive, replies are lost (F4, F7).
+    OneWay,
+    /// A node's messages held, then released (F5).
+    Hold,
+    /// A node's calls slowed (F6).
+    Latency,
+    /// A node's next writes apply but lose their replies (F7).
+    LostReplies,
+    /// Every keep-alive and watch stream closed.
+    CloseStreams,
+    /// An etcd leader change: streams close, leases refreshed to TTL + election timeout.
+    LeaderChange,
+    /// The store crashes and restarts on the same data (F10).
+    StoreCrash,
+    /// A compaction storm: the store compacts at its current revision every 100 ms to 1 s
+    /// (F8).
+    Compact,
+    /// An operator revokes the lease of one of the nodes' keys (F9).
+    Revoke,
+    /// An operator deletes one of the nodes' keys (F9).
+    Delete,
+    /// A node crashes and restarts later as a new incarnation (F1).
+    Crash,
+    /// A node pauses (a GC pause: its messages held and its actions stalled) (F2).
+    Pause,
+    /// A node restarts gracefully: the new incarnation starts, then the old one stops.
+    Restart,
+}
+
+impl FaultKind {
+    /// Every kind.
+    pub const ALL: [FaultKind; 14] = [
+        FaultKind::Partition,
+        FaultKind::OneWay,
+        FaultKind::Hold,
+        FaultKind::Latency,
+        FaultKind::LostReplies,
+        FaultKind::CloseStreams,
+        FaultKind::LeaderChange,
+        FaultKind::StoreCrash,
+        FaultKind::Compact,
+        FaultKind::Revoke,
+        FaultKind::Delete,
+        FaultKind::Crash,
+        FaultKind::Pause,
+        FaultKind::Restart,
+    ];
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::Partition => "partition",
+            FaultKind::OneWay => "one-way",
+            FaultKind::Hold => "hold",
+            FaultKind::Latency => "latency",
+            FaultKind::LostReplies => "lost-replies",
+            FaultKind::CloseStreams => "close-streams",
+            FaultKind::LeaderChange => "leader-change",
+            FaultKind::StoreCrash => "store-crash",
+            FaultKind::Compact => "compact",
+            FaultKind::Revoke => "revoke",
+            FaultKind::Delete => "delete",
+            FaultKind::Crash => "crash",
+            FaultKind::Pause => "pause",
+            FaultKind::Restart => "restart",
+        }
+    }
+
+    /// The kind named `name`.
+    pub fn from_name(name: &str) -> Option<FaultKind> {
+        FaultKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// Whether the fault targets one node.
+    pub fn targets_node(self) -> bool {
+        matches!(
+            self,
+            FaultKind::Partition
+                | FaultKind::OneWay
+                | FaultKind::Hold
+                | FaultKind::Latency
+                | FaultKind::LostReplies
+                | FaultKind::Crash
+                | FaultKind::Pause
+                | FaultKind::Restart
+        )
+    }
+
+    /// Whether the fault lasts (has an end), rather than being one action.
+    pub fn lasts(self) -> bool {
+        matches!(
+            self,
+            FaultKind::Partition
+                | FaultKind::OneWay
+                | FaultKind::Hold
+                | FaultKind::Latency
+                | FaultKind::StoreCrash
+                | FaultKind::Crash
+                | FaultKind::Pause
+                | FaultKind::Compact
+        )
+    }
+}
+
+impl fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One scheduled fault.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Fault {
+    /// When it starts, from the start of the run.
+    pub at: Duration,
+    /// What it is.
+    pub kind: FaultKind,
+    /// The node it hits (ignored by store-wide kinds).
+    pub node: usize,
+    /// How long it lasts (lasting kinds); for lost replies, how many (in milliseconds).
+    pub length: Duration,
+    /// A number for the fault's own choices (which key to delete, which lease to revoke).
+    pub pick: u64,
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:>9.3}s {}", self.at.as_secs_f64(), self.kind)?;
+        if self.kind.targets_node() {
+            write!(f, " n{}", self.node)?;
+        }
+        match self.kind {
+            k if k.lasts() => write!(f, " for {:.3}s", self.length.as_secs_f64()),
+            FaultKind::LostReplies => write!(f, " x{}", self.length.as_millis()),
+            _ => Ok(()),
+        }?;
+        if self.kind == FaultKind::Latency {
+            write!(f, " +{}ms", self.added_latency().as_millis())?;
+        }
+        if self.kind == FaultKind::Compact {
+            write!(f, " every {}ms", self.compaction_period().as_millis())?;
+        }
+        Ok(())
+    }
+}
+
+impl Fault {
+    /// For a compaction storm, how often it compacts: 100 ms to 1 s.
+    pub fn compaction_period(&self) -> Duration {
+        Duration::from_millis(100 + self.pick % 900)
+    }
+
+    /// For a latency fault, the latency it adds: 1 to 400 ms.
+    pub fn added_latency(&self) -> Duration {
+        Duration::from_millis(1 + self.pick % 400)
+    }
+}
+
+/// Draws the fault schedule of one run: for each enabled kind, a Poisson-like number of
+/// faults at the scenario's rate, at uniform times in the chaos phase, each over by the heal
+/// instant.
+pub fn schedule(scenario: &Scenario, rng: &mut Rng) -> Vec<Fault> {
+    let chaos_start = Duration::from_secs(2);
+    let heal = scenario.heal_at();
+    if heal <= chaos_start {
+        return Vec::new();
+    }
+    let window = heal - chaos_start;
+    let ttl_ms = scenario.ttl.as_millis() as u64;
+    let mut faults = Vec::new();
+    for kind in scenario.fault_kinds.iter().copied() {
+        let expected = scenario.faults_per_minute * window.as_secs_f64() / 60.0;
+        // Round the expectation randomly so that low rates still produce faults sometimes.
+        let mut count = expected.floor() as u64;
+        if rng.chance(expected.fract()) {
+            count += 1;
+        }
+        for _ in 0..count {
+            let at = chaos_start + Duration::from_millis(rng.below(window.as_millis() as u64));
+            let length = match kind {
+                // From a blip well inside the TTL to well past it.
+                FaultKind::Partition
+                | FaultKind::OneWay
+                | FaultKind::Hold
+                | FaultKind::Pause
+                | FaultKind::Latency
+                | FaultKind::Compact => Duration::from_millis(rng.between(100, ttl_ms * 2)),
+                FaultKind::LostReplies => Duration::from_millis(rng.between(1, 3)),
+                FaultKind::StoreCrash => Duration::from_millis(rng.between(100, ttl_ms * 2)),
+                FaultKind::Crash => Duration::from_millis(rng.between(ttl_ms / 2, ttl_ms * 3)),
+                _ => Duration::ZERO,
+            };
+            // Everything is over by the heal instant.
+            let length = if kind.lasts() {
+                length.min(heal.saturating_sub(at))
+            } else {
+                length
+            };
+            faults.push(Fault {
+                at,
+                kind,
+                node: rng.below(scenario.hosts as u64) as usize,
+                length,
+                pick: rng.next_u64(),
+            });
+        }
+    }
+    faults.sort();
+    faults
+}
