@@ -138,7 +138,24 @@ pub struct Fault {
 
 impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:>9.3}s {}", self.at.as_secs_f64(), self.kind)?;
+        write!(f, "{:.3}s {}", self.at.as_secs_f64(), self.what())
+    }
+}
+
+impl Fault {
+    /// The fault without its time: kind, target and size.
+    pub fn what(&self) -> String {
+        struct What<'a>(&'a Fault);
+        impl fmt::Display for What<'_> {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.fmt_what(f)
+            }
+        }
+        What(self).to_string()
+    }
+
+    fn fmt_what(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.kind)?;
         if self.kind.targets_node() {
             write!(f, " n{}", self.node)?;
         }

@@ -25,11 +25,14 @@ use crate::{SimConfig, SimStore};
 /// # Panics
 /// Inside an async context (it blocks on its own runtime).
 pub fn simulate(scenario: &Scenario, seed: u64, faults: &[Fault]) -> History {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("a current-thread runtime builds");
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_time().start_paused(true);
+    // Tokio's own random choices (the wake order of a watch channel's waiters, unbiased
+    // selects) come from the seed too; without `tokio_unstable` (set by the repository's
+    // .cargo/config.toml) they are random and a seed does not replay exactly.
+    #[cfg(tokio_unstable)]
+    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()));
+    let rt = builder.build().expect("a current-thread runtime builds");
     rt.block_on(drive(Arc::new(scenario.clone()), seed, faults.to_vec()))
 }
 
