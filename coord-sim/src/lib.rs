@@ -49,6 +49,9 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod chaos;
+#[cfg(feature = "turmoil")]
+#[cfg_attr(docsrs, doc(cfg(feature = "turmoil")))]
+pub mod grpc;
 pub mod journal;
 mod link;
 pub mod state;

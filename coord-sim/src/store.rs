@@ -327,6 +327,22 @@ impl SimStore {
         self.shared.deadlines_changed.notify_one();
     }
 
+    /// Starts the store again after the runtime that ran its clock is gone, as when the
+    /// turmoil host serving it crashed and came back: its data is kept (as etcd's is on
+    /// disk), its clock task starts on the current runtime, every stream of the old runtime
+    /// is closed, and every lease is refreshed to its TTL plus `election_timeout`, as a
+    /// restarted etcd member does.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime.
+    pub fn resume_on_current_runtime(&self, election_timeout: Duration) {
+        tokio::spawn(background(
+            Arc::downgrade(&self.shared),
+            self.shared.deadlines_changed.clone(),
+        ));
+        self.restart(election_timeout);
+    }
+
     /// Whether the store is crashed.
     pub fn is_down(&self) -> bool {
         self.shared.down.load(Ordering::SeqCst)

@@ -1,0 +1,404 @@
+//! The services. Each call is one call on the store; the watch and keep-alive streams are
+//! served by a task per stream.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::time::Duration;
+
+use coord_api::{KvLeaseStore, LeaseId, WatchRequest};
+use etcd_client::proto::*;
+use futures::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::convert::{self, header, status};
+use crate::SimStore;
+
+type Reply<T> = Result<Response<T>, Status>;
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// etcd's KV, Lease, Watch and Maintenance services over one [`SimStore`]. Cloning is cheap:
+/// every clone serves the same store.
+#[derive(Debug, Clone)]
+pub struct EtcdService {
+    store: SimStore,
+}
+
+impl EtcdService {
+    /// Serves `store`.
+    pub fn new(store: SimStore) -> Self {
+        EtcdService { store }
+    }
+
+    /// The services, ready for `tonic::transport::Server::add_service`.
+    pub fn kv(&self) -> PbKvServer<Self> {
+        PbKvServer::new(self.clone())
+    }
+
+    /// The lease service.
+    pub fn lease(&self) -> PbLeaseServer<Self> {
+        PbLeaseServer::new(self.clone())
+    }
+
+    /// The watch service.
+    pub fn watch(&self) -> PbWatchServer<Self> {
+        PbWatchServer::new(self.clone())
+    }
+
+    /// The maintenance service (status only).
+    pub fn maintenance(&self) -> PbMaintenanceServer<Self> {
+        PbMaintenanceServer::new(self.clone())
+    }
+
+    /// Serves all four on `incoming` until it ends.
+    ///
+    /// # Errors
+    /// The transport's.
+    pub async fn serve<S, IO>(self, incoming: S) -> Result<(), tonic::transport::Error>
+    where
+        S: Stream<Item = std::io::Result<IO>> + Send + 'static,
+        IO: tonic::transport::server::Connected
+            + tokio::io::AsyncRead
+            + tokio::io::AsyncWrite
+            + Unpin
+            + Send
+            + 'static,
+    {
+        tonic::transport::Server::builder()
+            .add_service(self.kv())
+            .add_service(self.lease())
+            .add_service(self.watch())
+            .add_service(self.maintenance())
+            .serve_with_incoming(incoming)
+            .await
+    }
+}
+
+fn unimplemented<T>(what: &str) -> Reply<T> {
+    Err(Status::unimplemented(format!(
+        "coord-sim does not serve {what}"
+    )))
+}
+
+#[tonic::async_trait]
+impl PbKvService for EtcdService {
+    async fn range(&self, request: Request<PbRangeRequest>) -> Reply<PbRangeResponse> {
+        let req = convert::get(request.into_inner())?;
+        let r = self.store.get(req).await.map_err(status)?;
+        Ok(Response::new(convert::get_response(r)))
+    }
+
+    type RangeStreamStream = BoxStream<PbRangeStreamResponse>;
+
+    async fn range_stream(
+        &self,
+        _request: Request<PbRangeRequest>,
+    ) -> Reply<Self::RangeStreamStream> {
+        unimplemented("RangeStream")
+    }
+
+    async fn put(&self, request: Request<PbPutRequest>) -> Reply<PbPutResponse> {
+        let req = convert::put(request.into_inner())?;
+        let r = self.store.put(req).await.map_err(status)?;
+        Ok(Response::new(convert::put_response(r)))
+    }
+
+    async fn delete_range(&self, request: Request<PbDeleteRequest>) -> Reply<PbDeleteResponse> {
+        let req = convert::delete(request.into_inner())?;
+        let r = self.store.delete(req).await.map_err(status)?;
+        Ok(Response::new(convert::delete_response(r)))
+    }
+
+    async fn txn(&self, request: Request<PbTxnRequest>) -> Reply<PbTxnResponse> {
+        let req = convert::txn(request.into_inner())?;
+        let r = self.store.txn(req).await.map_err(status)?;
+        Ok(Response::new(convert::txn_response(r)))
+    }
+
+    async fn compact(&self, request: Request<PbCompactionRequest>) -> Reply<PbCompactionResponse> {
+        let rev = request.into_inner().revision;
+        self.store.compact(rev).await.map_err(status)?;
+        Ok(Response::new(PbCompactionResponse {
+            header: header(self.store.revision()),
+        }))
+    }
+}
+
+fn seconds(d: Duration) -> i64 {
+    d.as_secs() as i64
+}
+
+#[tonic::async_trait]
+impl PbLeaseService for EtcdService {
+    async fn lease_grant(
+        &self,
+        request: Request<PbLeaseGrantRequest>,
+    ) -> Reply<PbLeaseGrantResponse> {
+        let r = request.into_inner();
+        if r.id != 0 {
+            return unimplemented("leases with a chosen id");
+        }
+        let ttl = Duration::from_secs(r.ttl.max(0) as u64);
+        let g = self.store.grant(ttl).await.map_err(status)?;
+        Ok(Response::new(PbLeaseGrantResponse {
+            header: header(self.store.revision()),
+            id: g.id.0,
+            ttl: seconds(g.ttl),
+            error: String::new(),
+        }))
+    }
+
+    async fn lease_revoke(
+        &self,
+        request: Request<PbLeaseRevokeRequest>,
+    ) -> Reply<PbLeaseRevokeResponse> {
+        let rev = self
+            .store
+            .revoke(LeaseId(request.into_inner().id))
+            .await
+            .map_err(status)?;
+        Ok(Response::new(PbLeaseRevokeResponse {
+            header: header(rev),
+        }))
+    }
+
+    type LeaseKeepAliveStream = BoxStream<PbLeaseKeepAliveResponse>;
+
+    async fn lease_keep_alive(
+        &self,
+        request: Request<Streaming<PbLeaseKeepAliveRequest>>,
+    ) -> Reply<Self::LeaseKeepAliveStream> {
+        let mut requests = request.into_inner();
+        let store = self.store.clone();
+        let replies = async_stream::stream! {
+            while let Some(req) = requests.next().await {
+                let Ok(req) = req else { break };
+                let id = LeaseId(req.id);
+                let renewed = match store.keep_alive(id).await {
+                    Ok(mut ch) => ch.renew().await,
+                    Err(e) => Err(e),
+                };
+                // etcd answers a renewal of an unknown lease with TTL 0, not an error.
+                let ttl = match renewed {
+                    Ok(ttl) => seconds(ttl),
+                    Err(coord_api::Error::LeaseNotFound { .. }) => 0,
+                    Err(e) => {
+                        yield Err(status(e));
+                        break;
+                    }
+                };
+                yield Ok(PbLeaseKeepAliveResponse {
+                    header: header(store.revision()),
+                    id: id.0,
+                    ttl,
+                });
+            }
+        };
+        Ok(Response::new(Box::pin(replies)))
+    }
+
+    async fn lease_time_to_live(
+        &self,
+        request: Request<PbLeaseTimeToLiveRequest>,
+    ) -> Reply<PbLeaseTimeToLiveResponse> {
+        let r = request.into_inner();
+        let id = LeaseId(r.id);
+        let (ttl, granted, keys) = match self.store.time_to_live(id).await {
+            Ok(t) => (
+                seconds(t.ttl),
+                seconds(t.granted_ttl),
+                if r.keys {
+                    t.keys.into_iter().map(|k| k.to_vec()).collect()
+                } else {
+                    Vec::new()
+                },
+            ),
+            // etcd reports an unknown lease as TTL -1.
+            Err(coord_api::Error::LeaseNotFound { .. }) => (-1, 0, Vec::new()),
+            Err(e) => return Err(status(e)),
+        };
+        Ok(Response::new(PbLeaseTimeToLiveResponse {
+            header: header(self.store.revision()),
+            id: id.0,
+            ttl,
+            granted_ttl: granted,
+            keys,
+        }))
+    }
+
+    async fn lease_leases(
+        &self,
+        _request: Request<PbLeaseLeasesRequest>,
+    ) -> Reply<PbLeaseLeasesResponse> {
+        unimplemented("LeaseLeases")
+    }
+}
+
+#[tonic::async_trait]
+impl PbWatchService for EtcdService {
+    type WatchStream = BoxStream<PbWatchResponse>;
+
+    async fn watch(&self, request: Request<Streaming<PbWatchRequest>>) -> Reply<Self::WatchStream> {
+        let requests = request.into_inner();
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(serve_watches(self.store.clone(), requests, tx));
+        let replies = async_stream::stream! {
+            let mut rx = rx;
+            while let Some(item) = rx.recv().await {
+                let end = item.is_err();
+                yield item;
+                if end { break; }
+            }
+        };
+        Ok(Response::new(Box::pin(replies)))
+    }
+}
+
+type Out = mpsc::UnboundedSender<Result<PbWatchResponse, Status>>;
+
+/// One watch stream: creates and cancels watches as asked, forwarding each watch's batches.
+async fn serve_watches(store: SimStore, mut requests: Streaming<PbWatchRequest>, out: Out) {
+    let mut watches: BTreeMap<i64, tokio::task::JoinHandle<()>> = BTreeMap::new();
+    let mut next_id = 0;
+    while let Some(Ok(req)) = requests.next().await {
+        match req.request_union {
+            Some(PbWatchRequestUnion::CreateRequest(c)) => {
+                let id = if c.watch_id != 0 { c.watch_id } else { next_id };
+                next_id = next_id.max(id) + 1;
+                let range = match convert::range(c.key, c.range_end) {
+                    Ok(r) => r,
+                    Err(s) => {
+                        let _ = out.send(Err(s));
+                        break;
+                    }
+                };
+                let req = WatchRequest {
+                    range,
+                    start_revision: (c.start_revision > 0).then_some(c.start_revision),
+                    prev_kv: c.prev_kv,
+                    progress_notify: c.progress_notify,
+                };
+                let stream = match store.watch(req).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = out.send(Err(status(e)));
+                        break;
+                    }
+                };
+                let _ = out.send(Ok(PbWatchResponse {
+                    header: header(store.revision()),
+                    watch_id: id,
+                    created: true,
+                    ..Default::default()
+                }));
+                watches.insert(id, tokio::spawn(forward(id, stream, out.clone())));
+            }
+            Some(PbWatchRequestUnion::CancelRequest(c)) => {
+                if let Some(task) = watches.remove(&c.watch_id) {
+                    task.abort();
+                }
+                let _ = out.send(Ok(PbWatchResponse {
+                    header: header(store.revision()),
+                    watch_id: c.watch_id,
+                    canceled: true,
+                    ..Default::default()
+                }));
+            }
+            Some(PbWatchRequestUnion::ProgressRequest(_)) => {
+                let _ = out.send(Ok(PbWatchResponse {
+                    header: header(store.revision()),
+                    watch_id: -1,
+                    ..Default::default()
+                }));
+            }
+            None => {}
+        }
+    }
+    for (_, task) in watches {
+        task.abort();
+    }
+}
+
+/// Forwards one watch's batches; a compaction cancels it as etcd does, any other end of the
+/// store's stream ends the whole gRPC stream (the connection broke).
+async fn forward(id: i64, mut stream: coord_api::WatchStream, out: Out) {
+    while let Some(item) = stream.next().await {
+        let reply = match item {
+            Ok(batch) => Ok(PbWatchResponse {
+                header: header(batch.revision),
+                watch_id: id,
+                events: batch.events.into_iter().map(convert::event).collect(),
+                ..Default::default()
+            }),
+            Err(coord_api::Error::Compacted {
+                compact_revision, ..
+            }) => {
+                let _ = out.send(Ok(PbWatchResponse {
+                    header: header(compact_revision),
+                    watch_id: id,
+                    canceled: true,
+                    compact_revision,
+                    cancel_reason: convert::COMPACTED.to_owned(),
+                    ..Default::default()
+                }));
+                return;
+            }
+            Err(e) => Err(status(e)),
+        };
+        let end = reply.is_err();
+        if out.send(reply).is_err() || end {
+            return;
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl PbMaintenanceService for EtcdService {
+    async fn alarm(&self, _request: Request<PbAlarmRequest>) -> Reply<PbAlarmResponse> {
+        unimplemented("Alarm")
+    }
+
+    async fn status(&self, _request: Request<PbStatusRequest>) -> Reply<PbStatusResponse> {
+        Ok(Response::new(PbStatusResponse {
+            header: header(self.store.revision()),
+            version: "3.4.23 (coord-sim)".to_owned(),
+            leader: 1,
+            raft_index: self.store.revision() as u64,
+            raft_term: 1,
+            raft_applied_index: self.store.revision() as u64,
+            ..Default::default()
+        }))
+    }
+
+    async fn defragment(
+        &self,
+        _request: Request<PbDefragmentRequest>,
+    ) -> Reply<PbDefragmentResponse> {
+        unimplemented("Defragment")
+    }
+
+    async fn hash(&self, _request: Request<PbHashRequest>) -> Reply<PbHashResponse> {
+        unimplemented("Hash")
+    }
+
+    async fn hash_kv(&self, _request: Request<PbHashKvRequest>) -> Reply<PbHashKvResponse> {
+        unimplemented("HashKV")
+    }
+
+    type SnapshotStream = BoxStream<PbSnapshotResponse>;
+
+    async fn snapshot(&self, _request: Request<PbSnapshotRequest>) -> Reply<Self::SnapshotStream> {
+        unimplemented("Snapshot")
+    }
+
+    async fn move_leader(
+        &self,
+        _request: Request<PbMoveLeaderRequest>,
+    ) -> Reply<PbMoveLeaderResponse> {
+        unimplemented("MoveLeader")
+    }
+
+    async fn downgrade(&self, _request: Request<PbDowngradeRequest>) -> Reply<PbDowngradeResponse> {
+        unimplemented("Downgrade")
+    }
+}

@@ -1,0 +1,39 @@
+//! The conformance suite through the production path, simulated: `EtcdStore` (the real
+//! adapter, over etcd-client, tonic and h2) talking to the simulator served as etcd's gRPC
+//! services, over turmoil's simulated network, in virtual time. The same cases, with the same
+//! assertions, as on `SimStore` in-process and on real etcd.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_api::testkit::{Case, Ctx, Harness};
+use coord_etcd::{EtcdConfig, EtcdStore};
+use coord_sim::grpc::{add_etcd_host, channel, ETCD_PORT};
+use coord_sim::SimConfig;
+
+struct TurmoilHarness;
+
+impl Harness for TurmoilHarness {
+    fn run(&self, case: &Case) {
+        let mut sim = turmoil::Builder::new()
+            .rng_seed(0x5eed)
+            .simulation_duration(Duration::from_secs(600))
+            .build();
+        let sim_config = SimConfig::default();
+        let limits = sim_config.limits.clone();
+        add_etcd_host(&mut sim, "etcd", sim_config, Duration::from_secs(1));
+        let case = *case;
+        sim.client("case", async move {
+            let config = EtcdConfig::new([format!("http://etcd:{ETCD_PORT}")]).with_limits(limits);
+            let store = EtcdStore::from_channel(channel("etcd", ETCD_PORT), config).await?;
+            let cx = Ctx::new(Arc::new(store), format!("conformance/{}/", case.name));
+            (case.run)(cx).await;
+            Ok(())
+        });
+        if let Err(e) = sim.run() {
+            panic!("{}: {e}", case.name);
+        }
+    }
+}
+
+coord_api::conformance_tests!(TurmoilHarness);
