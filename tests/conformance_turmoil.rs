@@ -25,7 +25,8 @@ impl Harness for TurmoilHarness {
         let case = *case;
         sim.client("case", async move {
             let config = EtcdConfig::new([format!("http://etcd:{ETCD_PORT}")]).with_limits(limits);
-            let store = EtcdStore::from_channel(channel("etcd", ETCD_PORT), config).await?;
+            let store =
+                EtcdStore::from_channel_factory(|| channel("etcd", ETCD_PORT), config).await?;
             let cx = Ctx::new(Arc::new(store), format!("conformance/{}/", case.name));
             (case.run)(cx).await;
             Ok(())

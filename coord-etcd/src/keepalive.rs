@@ -110,7 +110,12 @@ impl KeepAlive for EtcdKeepAlive {
         let timeout = self.store.request_timeout();
         match tokio::time::timeout(timeout, self.renew_once()).await {
             Ok(r) => r,
-            Err(_) => Err(self.closed(format!("no answer within {timeout:?}"))),
+            Err(_) => {
+                if let Some((endpoint, ..)) = &self.stream {
+                    self.store.reconnect(*endpoint);
+                }
+                Err(self.closed(format!("no answer within {timeout:?}")))
+            }
         }
     }
 }

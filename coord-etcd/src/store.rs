@@ -14,6 +14,7 @@ use coord_api::{
 };
 use etcd_client::Client;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::EtcdConfig;
 use crate::convert;
@@ -27,8 +28,16 @@ use crate::watch;
 /// member dies (ETCD-NOTES.md 3.6).
 struct Endpoint {
     url: String,
-    client: Mutex<Option<Client>>,
+    /// The connection, and the token that ends the streams opened on it when it is
+    /// replaced.
+    client: Mutex<Option<(Client, CancellationToken)>>,
+    /// Makes the channel to connect over, when the caller supplies channels
+    /// ([`EtcdStore::from_channel_factory`]) rather than endpoints.
+    channel: Option<ChannelFactory>,
 }
+
+/// Makes a new channel (a new connection) to one member.
+type ChannelFactory = Arc<dyn Fn() -> tonic::transport::Channel + Send + Sync>;
 
 pub(crate) struct Inner {
     endpoints: Vec<Endpoint>,
@@ -85,7 +94,7 @@ impl EtcdStore {
     /// [`Error::Unavailable`] when no endpoint answers (it names them).
     pub async fn connect(config: EtcdConfig) -> Result<Self> {
         config.validate()?;
-        let store = Self::from_parts(config, Vec::new());
+        let store = Self::from_parts(config, None);
         store.probe().await?;
         Ok(store)
     }
@@ -97,36 +106,39 @@ impl EtcdStore {
         channel: tonic::transport::Channel,
         config: EtcdConfig,
     ) -> Result<Self> {
-        let client = Client::from_channel(
-            etcd_client::Channel::Tonic(channel),
-            Some(config.connect_options()),
-        )
-        .await
-        .map_err(|e| map("connect", Kind::Read, e))?;
-        Ok(Self::from_parts(
-            config,
-            vec![("channel".to_owned(), client)],
-        ))
+        Self::from_channel_factory(move || channel.clone(), config).await
     }
 
-    fn from_parts(config: EtcdConfig, connected: Vec<(String, Client)>) -> Self {
-        let endpoints = if connected.is_empty() {
-            config
+    /// Connects over channels that `make` builds, one per connection: the store calls it
+    /// again for a fresh connection when the current one stops answering (a half-open
+    /// connection that only HTTP/2 keep-alive would otherwise detect, seconds later). For
+    /// example, a channel over a simulated network. Otherwise as
+    /// [`from_channel`](Self::from_channel).
+    pub async fn from_channel_factory(
+        make: impl Fn() -> tonic::transport::Channel + Send + Sync + 'static,
+        config: EtcdConfig,
+    ) -> Result<Self> {
+        let store = Self::from_parts(config, Some(Arc::new(make)));
+        store.client_at(0).await?;
+        Ok(store)
+    }
+
+    fn from_parts(config: EtcdConfig, channel: Option<ChannelFactory>) -> Self {
+        let endpoints = match channel {
+            None => config
                 .endpoints
                 .iter()
                 .map(|url| Endpoint {
                     url: url.clone(),
                     client: Mutex::new(None),
+                    channel: None,
                 })
-                .collect()
-        } else {
-            connected
-                .into_iter()
-                .map(|(url, c)| Endpoint {
-                    url,
-                    client: Mutex::new(Some(c)),
-                })
-                .collect()
+                .collect(),
+            Some(make) => vec![Endpoint {
+                url: "channel".to_owned(),
+                client: Mutex::new(None),
+                channel: Some(make),
+            }],
         };
         EtcdStore {
             inner: Arc::new(Inner {
@@ -214,15 +226,38 @@ impl EtcdStore {
 
     /// The client of endpoint `i`, connecting it first if needed.
     pub(crate) async fn client_at(&self, i: usize) -> Result<Client> {
+        Ok(self.connection_at(i).await?.0)
+    }
+
+    /// Endpoint `i`'s client, and a token cancelled when that connection is replaced (see
+    /// [`reconnect`](Self::reconnect)): streams opened on it end then, rather than wait on a
+    /// dead connection.
+    pub(crate) async fn connection_at(&self, i: usize) -> Result<(Client, CancellationToken)> {
         let ep = &self.inner.endpoints[i];
         if let Some(c) = ep.client.lock().unwrap_or_else(|p| p.into_inner()).clone() {
             return Ok(c);
         }
-        let client = Client::connect([ep.url.as_str()], Some(self.inner.config.connect_options()))
-            .await
-            .map_err(|e| map("connect", Kind::Read, e))?;
-        *ep.client.lock().unwrap_or_else(|p| p.into_inner()) = Some(client.clone());
-        Ok(client)
+        let options = Some(self.inner.config.connect_options());
+        let client = match &ep.channel {
+            Some(make) => Client::from_channel(etcd_client::Channel::Tonic(make()), options).await,
+            None => Client::connect([ep.url.as_str()], options).await,
+        }
+        .map_err(|e| map("connect", Kind::Read, e))?;
+        let connection = (client, CancellationToken::new());
+        *ep.client.lock().unwrap_or_else(|p| p.into_inner()) = Some(connection.clone());
+        Ok(connection)
+    }
+
+    /// Drops endpoint `i`'s connection after it stopped answering: the next request connects
+    /// afresh. A connection whose peer vanished without a reset (a partition that outlived
+    /// TCP, a NAT that forgot it) otherwise holds every request until the request timeout,
+    /// over and over, until HTTP/2 keep-alive finally notices it (10 s + 5 s by default).
+    pub(crate) fn reconnect(&self, i: usize) {
+        let ep = &self.inner.endpoints[i];
+        if let Some((_, streams)) = ep.client.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            tracing::debug!(endpoint = %ep.url, "no answer; reconnecting");
+            streams.cancel();
+        }
     }
 
     /// The endpoint index requests currently go to.
@@ -261,6 +296,22 @@ impl EtcdStore {
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>> + Send,
         T: Send,
     {
+        self.call_on(op, kind, move |c, _| f(c)).await
+    }
+
+    /// As [`call`](Self::call), also handing `f` the connection's token (see
+    /// [`connection_at`](Self::connection_at)), for requests that open a stream.
+    pub(crate) async fn call_on<T, F, Fut>(
+        &self,
+        op: &'static str,
+        kind: Kind,
+        mut f: F,
+    ) -> Result<T>
+    where
+        F: FnMut(Client, CancellationToken) -> Fut + Send,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>> + Send,
+        T: Send,
+    {
         let deadline = Instant::now() + self.request_timeout();
         let n = self.inner.endpoints.len();
         let mut backoff = Duration::from_millis(20);
@@ -268,14 +319,15 @@ impl EtcdStore {
         loop {
             let idx = self.current();
             let outcome = tokio::time::timeout_at(deadline, async {
-                let client = self.client_at(idx).await?;
-                f(client).await.map_err(|e| map(op, kind, e))
+                let (client, streams) = self.connection_at(idx).await?;
+                f(client, streams).await.map_err(|e| map(op, kind, e))
             })
             .await;
             let err = match outcome {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(e)) => e,
                 Err(_) => {
+                    self.reconnect(idx);
                     let source = format!("no answer within {:?}", self.request_timeout());
                     return Err(match kind {
                         Kind::Read => Error::Unavailable {

@@ -24,14 +24,14 @@ pub(crate) async fn open(store: &EtcdStore, req: WatchRequest) -> Result<WatchSt
     }
     let key = req.range.start().to_vec();
     // `call` bounds this by the request timeout, the confirmation included.
-    let (mut stream, first) = store
-        .call("watch", Kind::Read, |mut c| {
+    let (mut stream, first, dead) = store
+        .call_on("watch", Kind::Read, |mut c, dead| {
             let (key, opts) = (key.clone(), opts.clone());
             async move {
                 let mut stream = c.watch(key, Some(opts)).await?;
                 // The first answer confirms the watch (or already cancels it).
                 let first = stream.message().await?;
-                Ok((stream, first))
+                Ok((stream, first, dead))
             }
         })
         .await?;
@@ -41,7 +41,16 @@ pub(crate) async fn open(store: &EtcdStore, req: WatchRequest) -> Result<WatchSt
         loop {
             let msg = match pending.take() {
                 Some(m) => Ok(Some(m)),
-                None => stream.message().await,
+                None => tokio::select! {
+                    biased;
+                    // The store found the connection dead and replaced it: this stream would
+                    // only learn that from HTTP/2 keep-alive, many seconds later.
+                    _ = dead.cancelled() => {
+                        yield Err(Error::StreamClosed { stream: "watch", source: Some("the connection stopped answering and was replaced".into()) });
+                        break;
+                    }
+                    m = stream.message() => m,
+                },
             };
             match msg {
                 Ok(Some(resp)) => {

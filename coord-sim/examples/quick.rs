@@ -31,6 +31,13 @@ fn main() {
     for seed in first..first + n {
         let t = std::time::Instant::now();
         let faults = schedule(&scenario, &mut Rng::new(seed));
+        #[cfg(feature = "turmoil")]
+        let h = if std::env::var("TURMOIL").is_ok() {
+            simulate_turmoil(&scenario, seed, &faults)
+        } else {
+            simulate(&scenario, seed, &faults)
+        };
+        #[cfg(not(feature = "turmoil"))]
         let h = simulate(&scenario, seed, &faults);
         let v = check(&scenario, &h);
         if let Ok(d) = std::env::var("DUMP") {

@@ -33,6 +33,8 @@ mod run;
 mod scenario;
 mod svg;
 mod truth;
+#[cfg(feature = "turmoil")]
+mod turmoil_run;
 
 pub use check::{check, Violation, INVARIANTS};
 pub use fault::{schedule, Fault, FaultKind};
@@ -42,3 +44,6 @@ pub use rng::Rng;
 pub use run::simulate;
 pub use scenario::Scenario;
 pub use svg::timeline_svg;
+#[cfg(feature = "turmoil")]
+#[cfg_attr(docsrs, doc(cfg(feature = "turmoil")))]
+pub use turmoil_run::{simulate_turmoil, turmoil_fault_kinds};

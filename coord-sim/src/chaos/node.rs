@@ -206,14 +206,16 @@ async fn campaign_loop(ctx: Arc<NodeContext>, pool: Arc<ElectionPool>, e: usize,
                     token,
                 });
                 let resigned = lead(&ctx, &leadership, e, &mut rng).await;
-                if resigned {
-                    let _ = leadership.resign().await;
-                }
+                // A node that resigns stops believing before it asks the store to delete its
+                // key (the delete may apply long before its reply arrives, if ever).
                 ctx.rec.log(Happening::LeaderEnd {
                     who: ctx.who,
                     election: e,
                     token,
                 });
+                if resigned {
+                    let _ = leadership.resign().await;
+                }
                 if ctx.stop.is_cancelled() {
                     return;
                 }

@@ -11,4 +11,4 @@ mod services;
 
 pub use host::{add_etcd_host, DurableStore, ETCD_PORT};
 pub use net::{channel, incoming, SimTcp};
-pub use services::EtcdService;
+pub use services::{Clients, EtcdService};

@@ -2,7 +2,9 @@
 //! served by a task per stream.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use coord_api::{KvLeaseStore, LeaseId, WatchRequest};
@@ -17,17 +19,45 @@ use crate::SimStore;
 type Reply<T> = Result<Response<T>, Status>;
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
+/// Which store client serves the requests from each peer address, so that the store's
+/// journal (and its per-client faults) tell the peers apart.
+pub type Clients = Arc<Mutex<BTreeMap<IpAddr, SimStore>>>;
+
 /// etcd's KV, Lease, Watch and Maintenance services over one [`SimStore`]. Cloning is cheap:
 /// every clone serves the same store.
 #[derive(Debug, Clone)]
 pub struct EtcdService {
     store: SimStore,
+    clients: Clients,
 }
 
 impl EtcdService {
-    /// Serves `store`.
+    /// Serves `store`, every peer through the same store client.
     pub fn new(store: SimStore) -> Self {
-        EtcdService { store }
+        EtcdService {
+            store,
+            clients: Clients::default(),
+        }
+    }
+
+    /// Serves `store`, a peer listed in `clients` through its own store client (others
+    /// through `store`'s).
+    pub fn with_clients(store: SimStore, clients: Clients) -> Self {
+        EtcdService { store, clients }
+    }
+
+    /// The store client for a request's peer.
+    fn client<T>(&self, request: &Request<T>) -> SimStore {
+        request
+            .remote_addr()
+            .and_then(|a| {
+                self.clients
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&a.ip())
+                    .cloned()
+            })
+            .unwrap_or_else(|| self.store.clone())
     }
 
     /// The services, ready for `tonic::transport::Server::add_service`.
@@ -83,8 +113,9 @@ fn unimplemented<T>(what: &str) -> Reply<T> {
 #[tonic::async_trait]
 impl PbKvService for EtcdService {
     async fn range(&self, request: Request<PbRangeRequest>) -> Reply<PbRangeResponse> {
+        let store = self.client(&request);
         let req = convert::get(request.into_inner())?;
-        let r = self.store.get(req).await.map_err(status)?;
+        let r = store.get(req).await.map_err(status)?;
         Ok(Response::new(convert::get_response(r)))
     }
 
@@ -98,26 +129,30 @@ impl PbKvService for EtcdService {
     }
 
     async fn put(&self, request: Request<PbPutRequest>) -> Reply<PbPutResponse> {
+        let store = self.client(&request);
         let req = convert::put(request.into_inner())?;
-        let r = self.store.put(req).await.map_err(status)?;
+        let r = store.put(req).await.map_err(status)?;
         Ok(Response::new(convert::put_response(r)))
     }
 
     async fn delete_range(&self, request: Request<PbDeleteRequest>) -> Reply<PbDeleteResponse> {
+        let store = self.client(&request);
         let req = convert::delete(request.into_inner())?;
-        let r = self.store.delete(req).await.map_err(status)?;
+        let r = store.delete(req).await.map_err(status)?;
         Ok(Response::new(convert::delete_response(r)))
     }
 
     async fn txn(&self, request: Request<PbTxnRequest>) -> Reply<PbTxnResponse> {
+        let store = self.client(&request);
         let req = convert::txn(request.into_inner())?;
-        let r = self.store.txn(req).await.map_err(status)?;
+        let r = store.txn(req).await.map_err(status)?;
         Ok(Response::new(convert::txn_response(r)))
     }
 
     async fn compact(&self, request: Request<PbCompactionRequest>) -> Reply<PbCompactionResponse> {
+        let store = self.client(&request);
         let rev = request.into_inner().revision;
-        self.store.compact(rev).await.map_err(status)?;
+        store.compact(rev).await.map_err(status)?;
         Ok(Response::new(PbCompactionResponse {
             header: header(self.store.revision()),
         }))
@@ -134,12 +169,13 @@ impl PbLeaseService for EtcdService {
         &self,
         request: Request<PbLeaseGrantRequest>,
     ) -> Reply<PbLeaseGrantResponse> {
+        let store = self.client(&request);
         let r = request.into_inner();
         if r.id != 0 {
             return unimplemented("leases with a chosen id");
         }
         let ttl = Duration::from_secs(r.ttl.max(0) as u64);
-        let g = self.store.grant(ttl).await.map_err(status)?;
+        let g = store.grant(ttl).await.map_err(status)?;
         Ok(Response::new(PbLeaseGrantResponse {
             header: header(self.store.revision()),
             id: g.id.0,
@@ -152,8 +188,8 @@ impl PbLeaseService for EtcdService {
         &self,
         request: Request<PbLeaseRevokeRequest>,
     ) -> Reply<PbLeaseRevokeResponse> {
-        let rev = self
-            .store
+        let store = self.client(&request);
+        let rev = store
             .revoke(LeaseId(request.into_inner().id))
             .await
             .map_err(status)?;
@@ -168,8 +204,8 @@ impl PbLeaseService for EtcdService {
         &self,
         request: Request<Streaming<PbLeaseKeepAliveRequest>>,
     ) -> Reply<Self::LeaseKeepAliveStream> {
+        let store = self.client(&request);
         let mut requests = request.into_inner();
-        let store = self.store.clone();
         let replies = async_stream::stream! {
             while let Some(req) = requests.next().await {
                 let Ok(req) = req else { break };
@@ -201,9 +237,10 @@ impl PbLeaseService for EtcdService {
         &self,
         request: Request<PbLeaseTimeToLiveRequest>,
     ) -> Reply<PbLeaseTimeToLiveResponse> {
+        let store = self.client(&request);
         let r = request.into_inner();
         let id = LeaseId(r.id);
-        let (ttl, granted, keys) = match self.store.time_to_live(id).await {
+        let (ttl, granted, keys) = match store.time_to_live(id).await {
             Ok(t) => (
                 seconds(t.ttl),
                 seconds(t.granted_ttl),
@@ -239,9 +276,10 @@ impl PbWatchService for EtcdService {
     type WatchStream = BoxStream<PbWatchResponse>;
 
     async fn watch(&self, request: Request<Streaming<PbWatchRequest>>) -> Reply<Self::WatchStream> {
+        let store = self.client(&request);
         let requests = request.into_inner();
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(serve_watches(self.store.clone(), requests, tx));
+        tokio::spawn(serve_watches(store, requests, tx));
         let replies = async_stream::stream! {
             let mut rx = rx;
             while let Some(item) = rx.recv().await {

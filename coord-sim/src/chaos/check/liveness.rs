@@ -95,7 +95,9 @@ fn l3_dead_host_expiry(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
             if ended.is_some_and(|e| e <= *crashed) {
                 continue;
             }
-            let bound = expiry_bound(ctx, *lease, *crashed) + slack;
+            // Renewals still in flight when it crashed arrive afterwards (within one
+            // message's latency) and count.
+            let bound = expiry_bound(ctx, *lease, *crashed + ctx.rtt()) + slack;
             let late = match ended {
                 Some(e) => e > bound,
                 None => ctx.end > bound,
