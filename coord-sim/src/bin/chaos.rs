@@ -3,7 +3,7 @@
 //! and prints its timeline (and `--svg FILE` draws it). Exit status 1 on any violation.
 //!
 //! ```text
-//! cargo run --release -p coord-sim --bin chaos -- --help
+//! cargo run -p coord-sim --bin chaos -- --help
 //! ```
 
 use std::collections::BTreeMap;
@@ -44,6 +44,9 @@ OPTIONS:
   --jobs N           threads (default: the machine's cores)
   --bug NAME         switch a planted bug on (needs --features planted-bugs), to watch it
                      being caught
+  --turmoil          run each node as a turmoil host on the production EtcdStore, over
+                     simulated TCP, against the simulator served as etcd (needs
+                     --features turmoil, and protoc); slower, and closer to production
   -h, --help         this text
 ";
 
@@ -55,6 +58,7 @@ struct Args {
     svg: Option<String>,
     jobs: usize,
     bug: Option<String>,
+    turmoil: bool,
     /// The scenario flags as given, for replay commands.
     flags: Vec<String>,
 }
@@ -68,6 +72,7 @@ fn parse() -> Result<Args, String> {
         svg: None,
         jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
         bug: None,
+        turmoil: false,
         flags: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -75,6 +80,11 @@ fn parse() -> Result<Args, String> {
         if flag == "-h" || flag == "--help" {
             print!("{HELP}");
             std::process::exit(0);
+        }
+        if flag == "--turmoil" {
+            a.turmoil = true;
+            a.flags.push(flag);
+            continue;
         }
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
         let num = |v: &str| {
@@ -124,6 +134,10 @@ fn parse() -> Result<Args, String> {
         }
     }
     a.scenario.watchers = a.scenario.watchers.min(a.scenario.hosts);
+    if a.turmoil {
+        // A rolling restart needs two incarnations of one host at once; a turmoil host is one.
+        a.scenario.fault_kinds.remove(&FaultKind::Restart);
+    }
     Ok(a)
 }
 
@@ -134,9 +148,13 @@ struct Run {
     violations: Vec<Violation>,
 }
 
-fn run_seed(scenario: &Scenario, seed: u64) -> (Run, History) {
+fn run_seed(scenario: &Scenario, seed: u64, turmoil: bool) -> (Run, History) {
     let faults = schedule(scenario, &mut Rng::new(seed));
-    let history = simulate(scenario, seed, &faults);
+    let history = if turmoil {
+        simulate_on_turmoil(scenario, seed, &faults)
+    } else {
+        simulate(scenario, seed, &faults)
+    };
     let mut counts = BTreeMap::new();
     for f in &faults {
         *counts.entry(f.kind).or_insert(0) += 1;
@@ -152,10 +170,31 @@ fn run_seed(scenario: &Scenario, seed: u64) -> (Run, History) {
     )
 }
 
+#[cfg(feature = "turmoil")]
+fn simulate_on_turmoil(
+    scenario: &Scenario,
+    seed: u64,
+    faults: &[coord_sim::chaos::Fault],
+) -> History {
+    coord_sim::chaos::simulate_turmoil(scenario, seed, faults)
+}
+
+#[cfg(not(feature = "turmoil"))]
+fn simulate_on_turmoil(_: &Scenario, _: u64, _: &[coord_sim::chaos::Fault]) -> History {
+    unreachable!("--turmoil is refused without the turmoil feature")
+}
+
 fn replay_command(args: &Args, seed: u64) -> String {
-    let mut cmd = String::from("cargo run --release -p coord-sim --bin chaos");
-    if args.bug.is_some() {
-        cmd.push_str(" --features planted-bugs");
+    let mut cmd = String::from("cargo run -p coord-sim --bin chaos");
+    let features: Vec<&str> = [
+        args.bug.as_ref().map(|_| "planted-bugs"),
+        args.turmoil.then_some("turmoil"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if !features.is_empty() {
+        cmd.push_str(&format!(" --features {}", features.join(",")));
     }
     cmd.push_str(&format!(" -- --seed {seed}"));
     for f in &args.flags {
@@ -190,6 +229,10 @@ fn main() -> ExitCode {
         }
         coord_api::planted::enable(&[bug]);
     }
+    if args.turmoil && !cfg!(feature = "turmoil") {
+        eprintln!("chaos: --turmoil needs the turmoil feature (cargo run --features turmoil ...)");
+        return ExitCode::from(2);
+    }
     match args.seed {
         Some(seed) => replay(&args, seed),
         None => many(&args),
@@ -222,9 +265,14 @@ fn describe(s: &Scenario) -> String {
 fn many(args: &Args) -> ExitCode {
     let s = &args.scenario;
     println!(
-        "coord chaos: {} seeds from {}; {}",
+        "coord chaos: {} seeds from {}, {}; {}",
         args.seeds,
         args.base_seed,
+        if args.turmoil {
+            "EtcdStore over turmoil"
+        } else {
+            "in-process simulator"
+        },
         describe(s)
     );
     let started = Instant::now();
@@ -239,7 +287,7 @@ fn many(args: &Args) -> ExitCode {
                 if i >= args.seeds {
                     return;
                 }
-                let (run, _) = run_seed(s, args.base_seed + i);
+                let (run, _) = run_seed(s, args.base_seed + i, args.turmoil);
                 let failed = !run.violations.is_empty();
                 let seed = run.seed;
                 runs.lock().unwrap_or_else(|p| p.into_inner()).push(run);
@@ -348,7 +396,7 @@ fn replay(args: &Args, seed: u64) -> ExitCode {
     let s = &args.scenario;
     println!("coord chaos: seed {seed}; {}", describe(s));
     let started = Instant::now();
-    let (run, history) = run_seed(s, seed);
+    let (run, history) = run_seed(s, seed, args.turmoil);
     let wall = started.elapsed();
     println!();
     for r in &history.records {

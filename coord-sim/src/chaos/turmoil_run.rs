@@ -57,6 +57,9 @@ pub fn simulate_turmoil(scenario: &Scenario, seed: u64, faults: &[Fault]) -> His
         .simulation_duration(scenario.duration + Duration::from_secs(60))
         .min_message_latency(scenario.latency)
         .max_message_latency(scenario.latency)
+        // The store's host takes every node's connections; turmoil's default socket buffer
+        // (64 messages) overflows with tens of nodes.
+        .tcp_capacity(256 * scenario.hosts.max(1))
         .build();
     let rec = Recorder::turmoil();
     let durable: Arc<Mutex<Option<SimStore>>> = Arc::default();
