@@ -110,6 +110,26 @@ fn seeded_runs_of_the_default_scenario_hold_every_invariant() {
     );
 }
 
+/// Sparse network blips (partitions both ways and one way, holds), so that most stand alone
+/// and L2 (no key lost, no belief ended, for a blip shorter than τ − 2·KA) applies to them.
+#[test]
+fn lone_network_blips_are_ridden_through() {
+    let mut scenario = Scenario::default();
+    scenario.fault_kinds = [FaultKind::Partition, FaultKind::OneWay, FaultKind::Hold]
+        .into_iter()
+        .collect();
+    scenario.faults_per_minute = 3.0;
+    for seed in 0..u64::from(env("CHAOS_SEEDS", 300) / 3) {
+        let faults = schedule(&scenario, &mut Rng::new(seed));
+        let violations = check(&scenario, &simulate(&scenario, seed, &faults));
+        assert!(
+            violations.is_empty(),
+            "seed {seed} (replay: cargo run -p coord-sim --bin chaos -- --faults partition,one-way,hold --rate 3 --seed {seed}):\n{}",
+            violations.iter().map(|v| format!("  {v}")).collect::<Vec<_>>().join("\n")
+        );
+    }
+}
+
 /// S9: the same seed and schedule give a byte-identical history; another seed does not.
 #[test]
 fn the_same_seed_gives_the_same_history() {

@@ -454,7 +454,15 @@ fn timeline_line(what: &Happening) -> Option<String> {
             who,
             election,
             token,
-        } => format!("{who}  no longer leads e{election} (token {token})"),
+            resigned,
+        } => format!(
+            "{who}  {} e{election} (token {token})",
+            if *resigned {
+                "resigns"
+            } else {
+                "no longer leads"
+            }
+        ),
         Happening::Emitted(who, Emitted::Up(h, rev)) => format!("{who}  sees {h} up @{rev}"),
         Happening::Emitted(who, Emitted::Down(h, rev)) => format!("{who}  sees {h} down @{rev}"),
         Happening::Emitted(who, Emitted::Resynced(rev)) => {

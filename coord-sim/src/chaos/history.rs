@@ -81,6 +81,8 @@ pub enum Happening {
         election: usize,
         /// The fencing token it held.
         token: i64,
+        /// It gave the leadership up (resigned), rather than lost it.
+        resigned: bool,
     },
     /// A leader attempted its fenced action; `accepted` says whether the store's fence let it.
     Act {

@@ -212,6 +212,7 @@ async fn campaign_loop(ctx: Arc<NodeContext>, pool: Arc<ElectionPool>, e: usize,
                     who: ctx.who,
                     election: e,
                     token,
+                    resigned,
                 });
                 if resigned {
                     let _ = leadership.resign().await;

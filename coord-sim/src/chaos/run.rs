@@ -299,7 +299,11 @@ async fn drive(scenario: Arc<Scenario>, seed: u64, faults: Vec<Fault>) -> Histor
     let store = SimStore::with_config(
         SimConfig::default()
             .with_seed(seed)
-            .with_latency(scenario.latency),
+            .with_latency(scenario.latency)
+            // A reply that never comes fails the call after a third of the TTL, as the
+            // turmoil runs configure EtcdStore: a client whose request timeout exceeds its
+            // lease's TTL loses the lease to one lost reply.
+            .with_request_timeout(scenario.ttl / 3),
     );
     let sink = rec.clone();
     store.on_journal(move |at, entry| sink.log_at(at, Happening::Store(entry)));

@@ -19,6 +19,8 @@ pub(crate) struct Leading {
     pub until: Duration,
     /// Ended by a crash rather than by the node.
     pub crashed: bool,
+    /// Given up by the node (resigned), not lost.
+    pub resigned: bool,
 }
 
 /// A registration belief.
@@ -72,7 +74,12 @@ impl Beliefs {
                 } => {
                     leading.insert((*who, *election), (*token, r.at));
                 }
-                Happening::LeaderEnd { who, election, .. } => {
+                Happening::LeaderEnd {
+                    who,
+                    election,
+                    resigned,
+                    ..
+                } => {
                     if let Some((token, from)) = leading.remove(&(*who, *election)) {
                         b.leading.push(Leading {
                             who: *who,
@@ -81,6 +88,7 @@ impl Beliefs {
                             from,
                             until: r.at,
                             crashed: false,
+                            resigned: *resigned,
                         });
                     }
                 }
@@ -116,6 +124,7 @@ impl Beliefs {
                             from,
                             until: r.at,
                             crashed: true,
+                            resigned: false,
                         });
                     }
                     if let Some((lease, from)) = registered.remove(who) {
@@ -156,6 +165,7 @@ impl Beliefs {
                 from,
                 until: end,
                 crashed: false,
+                resigned: false,
             });
         }
         for (who, (lease, from)) in registered {

@@ -9,6 +9,7 @@ use crate::chaos::node::host_key;
 
 pub(super) fn check(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
     l1_self_healing(ctx, out);
+    l2_blip_ride_through(ctx, out);
     l3_dead_host_expiry(ctx, out);
     l4_watcher_convergence(ctx, out);
     l5_leader_exists(ctx, out);
@@ -79,6 +80,92 @@ fn l1_self_healing(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
                 ),
             ));
         }
+    }
+}
+
+/// L2: a disruption between one node and the store shorter than τ − 2·KA − 2·RTT (KA = τ/3,
+/// the renewal period; the bound for a client that renews on its cadence rather than at once
+/// on reconnect), with nothing else going on, deletes none of the node's keys and ends none of
+/// its beliefs.
+fn l2_blip_ride_through(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
+    let ttl = ctx.scenario.ttl;
+    let bound = (ttl / 3).saturating_sub(ctx.scenario.rtt());
+    let blips = [FaultKind::Partition, FaultKind::OneWay, FaultKind::Hold];
+    for f in &ctx.beliefs.faults {
+        if !blips.contains(&f.fault.kind) || f.until - f.from >= bound {
+            continue;
+        }
+        let (from, until) = (f.from, f.until + ttl);
+        let alone = !ctx
+            .beliefs
+            .faults
+            .iter()
+            .any(|g| !std::ptr::eq(g, f) && g.from <= until && g.until + ttl >= f.from);
+        if !alone || until >= ctx.end {
+            continue;
+        }
+        let n = f.fault.node;
+        let who: Vec<Incarnation> = ctx
+            .beliefs
+            .started
+            .iter()
+            .filter(|(w, at)| w.node == n && **at <= from)
+            .map(|(w, _)| *w)
+            .collect();
+        let Some(who) = who.last().copied() else {
+            continue;
+        };
+        if ctx.beliefs.crashed.contains_key(&who) || ctx.beliefs.stopped.contains_key(&who) {
+            continue;
+        }
+        // Deleted by the store (expiry) or an operator; the node's own resignations and
+        // clean-ups are its business.
+        let own = |o: crate::journal::Origin| match o {
+            crate::journal::Origin::Client(c) => ctx.truth.incarnation_of(c) == Some(who),
+            _ => false,
+        };
+        let lost_key = ctx.truth.deletions.iter().find(|d| {
+            d.at >= from
+                && d.at <= until
+                && ctx.truth.granted_by(d.lease) == Some(who)
+                && !own(d.origin)
+        });
+        let lost_lead = ctx.beliefs.leading.iter().find(|l| {
+            l.who == who && !l.resigned && l.from < from && l.until >= from && l.until <= until
+        });
+        let lost_reg = ctx
+            .beliefs
+            .registered
+            .iter()
+            .find(|r| r.who == who && r.from < from && r.until >= from && r.until <= until);
+        let what = match (lost_key, lost_lead, lost_reg) {
+            (Some(d), _, _) => format!(
+                "its key {} was deleted at {:.3}s",
+                d.key,
+                d.at.as_secs_f64()
+            ),
+            (_, Some(l), _) => format!(
+                "it lost its leadership of e{} at {:.3}s",
+                l.election,
+                l.until.as_secs_f64()
+            ),
+            (_, _, Some(r)) => format!(
+                "it stopped believing it is registered at {:.3}s",
+                r.until.as_secs_f64()
+            ),
+            _ => continue,
+        };
+        out.push(v(
+            "L2",
+            f.from,
+            &[who],
+            format!(
+                "a {} of {:.3}s (ride-through bound {:.3}s): {what}",
+                f.fault.kind,
+                (f.until - f.from).as_secs_f64(),
+                bound.as_secs_f64()
+            ),
+        ));
     }
 }
 

@@ -57,8 +57,8 @@ impl Ctx<'_> {
 }
 
 /// The names of the invariants [`check`] evaluates, for reports.
-pub const INVARIANTS: [&str; 13] = [
-    "S1", "S2", "S3", "S4", "S5", "S6", "S7", "L1", "L3", "L4", "L5", "L6", "L7",
+pub const INVARIANTS: [&str; 14] = [
+    "S1", "S2", "S3", "S4", "S5", "S6", "S7", "L1", "L2", "L3", "L4", "L5", "L6", "L7",
 ];
 
 /// Checks every invariant over `history`; empty when all hold.
