@@ -258,9 +258,13 @@ impl Drop for HostRegistration {
 
 /// Grants a lease, publishes it, then writes the key under it.
 async fn register(shared: &Shared) -> Result<Session> {
+    // The heal re-puts the key, then revokes the old lease itself (see `run`); a revoke at
+    // expiry could delete the key just before the heal writes it, a flap for every watcher.
     let session = Session::new(
         shared.store.clone(),
-        SessionConfig::default().with_ttl(shared.config.ttl),
+        SessionConfig::default()
+            .with_ttl(shared.config.ttl)
+            .with_revoke_on_expiry(false),
     )
     .await?;
     // Published before the put, so that a stop() that comes later revokes the lease the key
@@ -284,17 +288,20 @@ async fn run(shared: Arc<Shared>, mut session: Session, cancel: CancellationToke
     tracing::info!(lease_id = %session.lease(), "registered");
     loop {
         // Hold the key until the session ends (or the registration stops).
-        tokio::select! {
+        let end = tokio::select! {
             biased;
             _ = cancel.cancelled() => {
                 session.orphan().await;
                 return;
             }
-            end = hold(&shared, &session) => {
-                tracing::warn!(lease_id = %session.lease(), reason = %end, "registration lost; healing");
-            }
-        }
+            end = hold(&shared, &session) => end,
+        };
+        tracing::warn!(lease_id = %session.lease(), reason = %end, "registration lost; healing");
         shared.lease.store(0, Ordering::SeqCst);
+        // A lease given up at its deadline may live on at the store; it goes once the key is
+        // under the new one.
+        let abandoned =
+            (end == super::SessionEnd::Expired).then(|| (session.lease(), session.ttl()));
         if crate::planted::enabled(crate::planted::Bug::RegistrationGivesUpOnLoss) {
             shared
                 .status
@@ -328,6 +335,9 @@ async fn run(shared: Arc<Shared>, mut session: Session, cancel: CancellationToke
             }
         };
         backoff.reset();
+        if let Some((lease, ttl)) = abandoned {
+            super::session::revoke_abandoned(shared.store.clone(), lease, ttl);
+        }
         tracing::info!(lease_id = %session.lease(), attempts = attempt, "registration healed");
     }
 }

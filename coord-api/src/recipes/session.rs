@@ -29,6 +29,12 @@ pub struct SessionConfig {
     /// How often to renew; `None` is a third of the granted TTL, which survives one lost
     /// renewal.
     pub renew_interval: Option<Duration>,
+    /// Revoke the lease, in the background, once the local deadline passes (default on): the
+    /// store may still hold it (a reply lost, an etcd restart refreshed it), and keys under it,
+    /// such as a queued election candidate, would block others until it expires. Turn it off
+    /// when the owner replaces the keys itself first (a registration re-puts its key, then
+    /// revokes the old lease, so watchers see no flap).
+    pub revoke_on_expiry: bool,
 }
 
 impl Default for SessionConfig {
@@ -36,6 +42,7 @@ impl Default for SessionConfig {
         SessionConfig {
             ttl: Duration::from_secs(10),
             renew_interval: None,
+            revoke_on_expiry: true,
         }
     }
 }
@@ -50,6 +57,13 @@ impl SessionConfig {
     /// Renew this often instead of every TTL/3.
     pub fn with_renew_interval(mut self, every: Duration) -> Self {
         self.renew_interval = Some(every);
+        self
+    }
+
+    /// Whether to revoke the lease once the local deadline passes (see
+    /// [`revoke_on_expiry`](Self::revoke_on_expiry)).
+    pub fn with_revoke_on_expiry(mut self, on: bool) -> Self {
+        self.revoke_on_expiry = on;
         self
     }
 }
@@ -89,6 +103,7 @@ struct Inner {
     store: Arc<DynKvLeaseStore>,
     lease: LeaseId,
     ttl: Duration,
+    revoke_on_expiry: bool,
     state: watch::Sender<State>,
 }
 
@@ -104,7 +119,7 @@ impl Inner {
         });
         // Whoever noticed the deadline first (the renewal task, or a waiter on `done`), the
         // abandoned lease is revoked once.
-        if ended && why == SessionEnd::Expired {
+        if ended && why == SessionEnd::Expired && self.revoke_on_expiry {
             revoke_abandoned(self.store.clone(), self.lease, self.ttl);
         }
     }
@@ -207,6 +222,7 @@ impl Session {
             store,
             lease: grant.id,
             ttl: grant.ttl,
+            revoke_on_expiry: config.revoke_on_expiry,
             state,
         });
         let every = config.renew_interval.unwrap_or(grant.ttl / 3);
@@ -296,7 +312,7 @@ impl Drop for Session {
 /// linger until the store expires them, blocking the queue behind them. So revoke it, in the
 /// background and without the session's cancellation (the session is being replaced), for up
 /// to two TTLs.
-fn revoke_abandoned(store: Arc<DynKvLeaseStore>, lease: LeaseId, ttl: Duration) {
+pub(crate) fn revoke_abandoned(store: Arc<DynKvLeaseStore>, lease: LeaseId, ttl: Duration) {
     let retry = ttl / 3;
     tokio::spawn(
         async move {
