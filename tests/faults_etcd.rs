@@ -118,9 +118,12 @@ async fn observe(store: &Arc<DynKvLeaseStore>) -> (Seen, JoinHandle<()>) {
     (seen, task)
 }
 
+/// One leadership: who, its token, from when, until when (`None` while it lasts).
+type Belief = (String, i64, Instant, Option<Instant>);
+
 /// Leadership beliefs of one election, as each candidate held them.
 #[derive(Clone, Default)]
-struct Leaders(Arc<Mutex<Vec<(String, i64, Instant, Option<Instant>)>>>);
+struct Leaders(Arc<Mutex<Vec<Belief>>>);
 
 impl Leaders {
     /// A candidate that campaigns for as long as the task runs, recording each leadership.
