@@ -205,10 +205,10 @@ async fn all_registered(regs: &[HostRegistration], store: &Arc<DynKvLeaseStore>)
     true
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_and_restart_of_the_only_member() {
-    let (cluster, store) = single().await;
-    let (seen, _watcher) = observe(&store).await;
+/// Hosts a, b and c registered, and candidates x and y campaigning, one of them leading.
+async fn hosts_and_an_election(
+    store: &Arc<DynKvLeaseStore>,
+) -> (Vec<HostRegistration>, Leaders, [JoinHandle<()>; 2]) {
     let mut regs = Vec::new();
     for h in ["a", "b", "c"] {
         regs.push(
@@ -218,12 +218,22 @@ async fn kill_9_and_restart_of_the_only_member() {
         );
     }
     let leaders = Leaders::default();
-    let _c1 = leaders.candidate(store.clone(), "x");
-    let _c2 = leaders.candidate(store.clone(), "y");
+    let candidates = [
+        leaders.candidate(store.clone(), "x"),
+        leaders.candidate(store.clone(), "y"),
+    ];
     eventually(SLACK * 3, "a leader", || async {
         leaders.current().is_some()
     })
     .await;
+    (regs, leaders, candidates)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_and_restart_of_the_only_member() {
+    let (cluster, store) = single().await;
+    let (seen, _watcher) = observe(&store).await;
+    let (regs, leaders, _candidates) = hosts_and_an_election(&store).await;
 
     cluster.kill(0);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -518,21 +528,7 @@ async fn the_raft_leader_of_three_killed_with_hosts_and_an_election() {
         .unwrap_or_else(|e| panic!("cannot start etcd: {e}"));
     let store: Arc<DynKvLeaseStore> = Arc::new(cluster.store().await);
     let (seen, _watcher) = observe(&store).await;
-    let mut regs = Vec::new();
-    for h in ["a", "b", "c"] {
-        regs.push(
-            HostRegistration::start(store.clone(), register(h))
-                .await
-                .unwrap(),
-        );
-    }
-    let leaders = Leaders::default();
-    let _c1 = leaders.candidate(store.clone(), "x");
-    let _c2 = leaders.candidate(store.clone(), "y");
-    eventually(SLACK * 3, "a leader", || async {
-        leaders.current().is_some()
-    })
-    .await;
+    let (regs, leaders, _candidates) = hosts_and_an_election(&store).await;
 
     let killed = cluster.kill_leader().await;
     let at = Instant::now();

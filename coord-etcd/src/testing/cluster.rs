@@ -54,8 +54,20 @@ pub fn etcd_binary() -> Result<PathBuf, HarnessError> {
         .ok_or(HarnessError::EtcdNotFound)
 }
 
-/// A free loopback port (the OS picks one; it is free when this returns).
+/// A free loopback port, below Linux's ephemeral range (32768-60999). A port the OS hands
+/// out for `bind(0)` comes from that range, and so does the local port of every outgoing
+/// connection: between our check and etcd's bind, a client connection could take it.
 fn free_port() -> std::io::Result<u16> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let salt = u64::from(std::process::id()).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    for _ in 0..1000 {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed).wrapping_mul(7919) ^ salt;
+        let port = 20_000 + (n % 12_000) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
@@ -113,6 +125,19 @@ impl EtcdClusterBuilder {
 
     /// Starts the members and waits until the cluster serves linearizable reads.
     pub async fn start(self) -> Result<EtcdCluster, HarnessError> {
+        // Another process can still take a port between our check and etcd's bind: then try
+        // again on other ports.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.clone().start_once().await {
+                Err(e) if attempt < 5 && e.to_string().contains("address already in use") => {}
+                other => return other,
+            }
+        }
+    }
+
+    async fn start_once(self) -> Result<EtcdCluster, HarnessError> {
         let bin = etcd_binary()?;
         let dir = tempfile::Builder::new().prefix("coord-etcd-").tempdir()?;
         let mut members = Vec::with_capacity(self.members);

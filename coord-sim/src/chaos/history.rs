@@ -142,6 +142,15 @@ impl History {
         h.0
     }
 
+    /// When the run ended: its last record, or `at_least` if that is later.
+    pub fn end(&self, at_least: Duration) -> Duration {
+        self.records
+            .last()
+            .map(|r| r.at)
+            .unwrap_or_default()
+            .max(at_least)
+    }
+
     /// The faults of the run, in order.
     pub fn faults(&self) -> impl Iterator<Item = (Duration, &Fault)> {
         self.records.iter().filter_map(|r| match &r.what {

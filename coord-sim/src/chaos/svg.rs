@@ -17,12 +17,7 @@ const COLOURS: [&str; 6] = [
 
 /// Draws `history` as an SVG document.
 pub fn timeline_svg(scenario: &Scenario, history: &History) -> String {
-    let end = history
-        .records
-        .last()
-        .map(|r| r.at)
-        .unwrap_or_default()
-        .max(scenario.duration);
+    let end = history.end(scenario.duration);
     let x =
         |t: Duration| LEFT + (WIDTH - LEFT - 10.0) * t.as_secs_f64() / end.as_secs_f64().max(1e-9);
     let lanes = scenario.hosts;

@@ -64,12 +64,7 @@ pub const INVARIANTS: [&str; 14] = [
 /// Checks every invariant over `history`; empty when all hold.
 pub fn check(scenario: &Scenario, history: &History) -> Vec<Violation> {
     let truth = Truth::build(history, scenario.elections);
-    let end = history
-        .records
-        .last()
-        .map(|r| r.at)
-        .unwrap_or_default()
-        .max(scenario.duration);
+    let end = history.end(scenario.duration);
     let beliefs = Beliefs::build(history, end);
     let ctx = Ctx {
         scenario,
