@@ -423,6 +423,55 @@ pub(crate) async fn watcher_stream_ends_when_stopped_or_dropped(fx: &dyn Fixture
     .await;
 }
 
+/// A first listing larger than the event buffer: `start` must return (the events that do
+/// not fit are emitted once the consumer reads), and every host still comes up, once.
+pub(crate) async fn watcher_starts_on_more_hosts_than_its_buffer(fx: &dyn Fixture) {
+    let store = fx.store();
+    for i in 0..20 {
+        store.put_value(format!("big/h{i:02}"), "m").await.unwrap();
+    }
+    let mut config = ClusterWatcherConfig::new("big/");
+    config.buffer = 4;
+    let mut w = within(
+        prompt(fx),
+        "start with 20 hosts and a buffer of 4",
+        ClusterWatcher::start(store.clone(), config),
+    )
+    .await
+    .unwrap();
+    assert_eq!(w.view().hosts.len(), 20);
+    let mut up = std::collections::BTreeSet::new();
+    while up.len() < 20 {
+        match within(prompt(fx), "the first listing's HostUp", w.next()).await {
+            Some(ClusterEvent::HostUp { host, .. }) => assert!(up.insert(host), "HostUp twice"),
+            other => panic!("{other:?}"),
+        }
+    }
+    store.put_value("big/late", "m").await.unwrap();
+    assert!(matches!(
+        within(prompt(fx), "the next change", w.next()).await,
+        Some(ClusterEvent::HostUp { host, .. }) if host == "late"
+    ));
+}
+
+/// Whoever reads an event and then the view finds the event's change in it.
+pub(crate) async fn watcher_view_already_holds_each_event_it_emits(fx: &dyn Fixture) {
+    let store = fx.store();
+    let mut w = ClusterWatcher::start(store.clone(), ClusterWatcherConfig::new("v/"))
+        .await
+        .unwrap();
+    for i in 0..10 {
+        store.put_value(format!("v/h{i}"), "m").await.unwrap();
+        let e = within(prompt(fx), "HostUp", w.next()).await;
+        let Some(ClusterEvent::HostUp { host, revision, .. }) = e else {
+            panic!("{e:?}")
+        };
+        let view = w.view();
+        assert!(view.hosts.contains_key(&host), "{host} not in the view yet");
+        assert!(view.revision >= revision);
+    }
+}
+
 // ---- Election -----------------------------------------------------------------------------
 
 pub(crate) async fn campaign_cancelled_by_a_timeout_says_so_and_leaves_no_key(fx: &dyn Fixture) {

@@ -25,6 +25,8 @@ macro_rules! recipe_tests {
             watcher_is_gap_free_from_the_snapshot,
             watcher_survives_compaction_without_losing_a_net_change,
             watcher_stream_ends_when_stopped_or_dropped,
+            watcher_starts_on_more_hosts_than_its_buffer,
+            watcher_view_already_holds_each_event_it_emits,
             campaign_cancelled_by_a_timeout_says_so_and_leaves_no_key,
             a_crashed_leaders_successor_wins_within_one_ttl,
             no_phantom_leadership_when_the_candidates_lease_dies_while_waiting,

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::stream::BoxStream;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -153,9 +153,30 @@ impl ClusterWatcher {
             view: ClusterView::default(),
             view_tx,
             tx,
+            backlog: Vec::new(),
         };
-        let first = w.list().await?;
-        w.apply_listing(first, false).await;
+        // The first listing becomes the view now, and its HostUp events are queued; those
+        // that do not fit the buffer are emitted by the task once the caller holds the
+        // receiver (waiting for room here would never end: nobody reads yet).
+        let (revision, hosts) = w.list().await?;
+        w.view = ClusterView { revision, hosts };
+        w.publish();
+        let mut first = w
+            .view
+            .hosts
+            .iter()
+            .map(|(host, metadata)| ClusterEvent::HostUp {
+                host: host.clone(),
+                metadata: metadata.clone(),
+                revision,
+            });
+        for e in first.by_ref() {
+            if let Err(mpsc::error::TrySendError::Full(e)) = w.tx.try_send(e) {
+                w.backlog.push(e);
+                break;
+            }
+        }
+        w.backlog.extend(first);
         let cancel = CancellationToken::new();
         let span = tracing::info_span!("cluster_watcher", prefix = %w.config.prefix);
         let task = tokio::spawn(w.run(cancel.clone()).instrument(span));
@@ -208,7 +229,12 @@ struct Worker {
     view: ClusterView,
     view_tx: watch::Sender<Arc<ClusterView>>,
     tx: mpsc::Sender<ClusterEvent>,
+    /// The first listing's events that did not fit the buffer at start.
+    backlog: Vec<ClusterEvent>,
 }
+
+/// The most watch batches taken together for one snapshot of the view.
+const MAX_COALESCED: usize = 256;
 
 /// A listing: revision and hosts.
 type Listing = (i64, BTreeMap<String, Bytes>);
@@ -302,6 +328,13 @@ impl Worker {
     }
 
     async fn run(mut self, cancel: CancellationToken) {
+        for e in std::mem::take(&mut self.backlog) {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return,
+                _ = self.emit(e) => {}
+            }
+        }
         // The first watch starts after the listing; later ones resume at the last revision
         // seen (see the module docs).
         let mut from = self.view.revision + 1;
@@ -415,69 +448,92 @@ impl Worker {
         };
         let closed = |why: String| Broken::Closed { opened: true, why };
         loop {
-            let item = match tokio::time::timeout(self.config.silence, stream.next()).await {
+            let first = match tokio::time::timeout(self.config.silence, stream.next()).await {
                 Err(_) => return Broken::Silent(self.config.silence),
-                Ok(None) => return closed("the stream ended".into()),
-                Ok(Some(Err(Error::Compacted {
-                    compact_revision, ..
-                }))) => return Broken::Compacted(compact_revision),
-                Ok(Some(Err(e))) => return closed(e.to_string()),
-                Ok(Some(Ok(batch))) => batch,
+                Ok(item) => item,
             };
-            for event in item.events {
-                let rev = event.kv.mod_revision;
-                if rev <= self.view.revision {
-                    // What a resume replays by design (the last revision seen), or a watch
-                    // going back in time (etcd#15271): either way, never applied twice.
-                    tracing::trace!(
-                        revision = rev,
-                        view = self.view.revision,
-                        "event not newer than the view; dropped"
-                    );
-                    continue;
-                }
-                let host = self.host(&event.kv.key);
-                match event.kind {
-                    EventKind::Put => {
-                        let prev = self.view.hosts.insert(host.clone(), event.kv.value.clone());
-                        self.view.revision = rev;
-                        self.publish();
-                        let e = match prev {
-                            None => ClusterEvent::HostUp {
-                                host,
-                                metadata: event.kv.value,
-                                revision: rev,
-                            },
-                            Some(p) if p != event.kv.value => ClusterEvent::HostUpdated {
-                                host,
-                                metadata: event.kv.value,
-                                revision: rev,
-                            },
-                            Some(_) => continue,
-                        };
-                        self.emit(e).await;
-                    }
-                    EventKind::Delete => {
-                        self.view.revision = rev;
-                        let prev = self.view.hosts.remove(&host);
-                        self.publish();
-                        if let Some(last_metadata) = prev {
-                            self.emit(ClusterEvent::HostDown {
-                                host,
-                                last_metadata,
-                                revision: rev,
-                            })
-                            .await;
-                        }
-                    }
+            // Whatever else has already arrived goes with it, so that a burst costs one
+            // snapshot of the view (a copy of every host) rather than one per event.
+            let mut items = vec![first];
+            while items.len() < MAX_COALESCED {
+                match stream.next().now_or_never() {
+                    Some(item) => items.push(item),
+                    None => break,
                 }
             }
-            // A progress notification (or a batch's header) says everything up to its
-            // revision has been delivered.
-            if item.revision > self.view.revision {
-                self.view.revision = item.revision;
-                self.publish();
+            let mut out = Vec::new();
+            let mut broken = None;
+            for item in items {
+                match item {
+                    Some(Ok(batch)) => self.apply(batch, &mut out),
+                    None => broken = Some(closed("the stream ended".into())),
+                    Some(Err(Error::Compacted {
+                        compact_revision, ..
+                    })) => broken = Some(Broken::Compacted(compact_revision)),
+                    Some(Err(e)) => broken = Some(closed(e.to_string())),
+                }
+                if broken.is_some() {
+                    break;
+                }
+            }
+            // The view first, then the events it explains: a consumer that reads an event
+            // and then the view finds the event in it.
+            self.publish();
+            for e in out {
+                self.emit(e).await;
+            }
+            if let Some(b) = broken {
+                return b;
             }
         }
+    }
+
+    /// Applies one watch batch to the view, collecting the events to emit.
+    fn apply(&mut self, batch: crate::WatchResponse, out: &mut Vec<ClusterEvent>) {
+        for event in batch.events {
+            let rev = event.kv.mod_revision;
+            if rev <= self.view.revision {
+                // What a resume replays by design (the last revision seen), or a watch going
+                // back in time (etcd#15271): either way, never applied twice.
+                tracing::trace!(
+                    revision = rev,
+                    view = self.view.revision,
+                    "event not newer than the view; dropped"
+                );
+                continue;
+            }
+            let host = self.host(&event.kv.key);
+            self.view.revision = rev;
+            match event.kind {
+                EventKind::Put => {
+                    let prev = self.view.hosts.insert(host.clone(), event.kv.value.clone());
+                    match prev {
+                        None => out.push(ClusterEvent::HostUp {
+                            host,
+                            metadata: event.kv.value,
+                            revision: rev,
+                        }),
+                        Some(p) if p != event.kv.value => out.push(ClusterEvent::HostUpdated {
+                            host,
+                            metadata: event.kv.value,
+                            revision: rev,
+                        }),
+                        Some(_) => {}
+                    }
+                }
+                EventKind::Delete => {
+                    if let Some(last_metadata) = self.view.hosts.remove(&host) {
+                        out.push(ClusterEvent::HostDown {
+                            host,
+                            last_metadata,
+                            revision: rev,
+                        });
+                    }
+                }
+            }
+        }
+        // A progress notification (or a batch's header) says everything up to its revision
+        // has been delivered.
+        self.view.revision = self.view.revision.max(batch.revision);
     }
 }

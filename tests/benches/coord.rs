@@ -1,0 +1,652 @@
+//! coord's benchmarks (issue 6): each prints its figures and, together, they are written to
+//! BENCHMARKS.md with the command that produced them.
+//!
+//! ```text
+//! cargo bench -p coord-tests --bench coord            # everything (about 3 minutes)
+//! cargo bench -p coord-tests --bench coord -- quick   # skip etcdctl's 60 s crash failover
+//! ```
+//!
+//! Real etcd processes are started by the harness (Debian: etcd-server; etcdctl from
+//! etcd-client). Not timed tests: nothing here asserts a figure.
+
+use std::fmt::Write as _;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use coord_api::recipes::{
+    ClusterWatcher, ClusterWatcherConfig, Election, ElectionPool, HostRegistration, Leadership,
+    RegistrationConfig, Session, SessionConfig,
+};
+use coord_api::{
+    Compare, CompareOp, DynKvLeaseStore, GetRequest, KvLeaseStore, KvLeaseStoreExt, PutRequest,
+    TxnRequest,
+};
+use coord_etcd::testing::EtcdCluster;
+use coord_sim::chaos::{simulate, simulate_turmoil, Scenario};
+use coord_sim::{journal::Entry, SimStore};
+use tokio::io::AsyncBufReadExt;
+use tokio::task::JoinHandle;
+
+struct Report {
+    md: String,
+}
+
+impl Report {
+    fn section(&mut self, title: &str) {
+        println!("\n== {title}");
+        let _ = writeln!(self.md, "\n## {title}\n");
+    }
+
+    fn line(&mut self, text: impl AsRef<str>) {
+        println!("{}", text.as_ref());
+        let _ = writeln!(self.md, "{}", text.as_ref());
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// Median and p99 of `n` sequential runs of `op`, and the sequential rate.
+async fn latencies<F, Fut>(n: usize, mut op: F) -> (Duration, Duration, f64)
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut all = Vec::with_capacity(n);
+    let start = Instant::now();
+    for i in 0..n {
+        let t = Instant::now();
+        op(i).await;
+        all.push(t.elapsed());
+    }
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    all.sort();
+    (percentile(&all, 0.5), percentile(&all, 0.99), rate)
+}
+
+async fn adapter_overhead(r: &mut Report) {
+    r.section("Adapter overhead: EtcdStore against raw etcd-client, same etcd");
+    let cluster = EtcdCluster::single().await.expect("etcd");
+    let store = cluster.store().await;
+    let mut raw = etcd_client::Client::connect([cluster.endpoint(0)], None)
+        .await
+        .expect("etcd-client");
+    let n = 2000;
+    r.line(format!(
+        "{n} sequential operations each, one client, 1 KiB values; then 32 concurrent tasks.\n"
+    ));
+    r.line("| operation | raw median | raw p99 | coord median | coord p99 | raw ops/s | coord ops/s | coord / raw time |");
+    r.line("|---|---|---|---|---|---|---|---|");
+    let value = vec![b'x'; 1024];
+    for op in ["put", "get", "txn"] {
+        let (rm, rp, rr) = {
+            let v = value.clone();
+            let raw = &mut raw;
+            latencies(n, |i| {
+                let v = v.clone();
+                let mut c = raw.clone();
+                async move {
+                    let key = format!("bench/raw/{}", i % 100);
+                    match op {
+                        "put" => drop(c.put(key, v, None).await.unwrap()),
+                        "get" => drop(c.get(key, None).await.unwrap()),
+                        _ => {
+                            let t = etcd_client::Txn::new()
+                                .when([etcd_client::Compare::version(
+                                    key.clone(),
+                                    etcd_client::CompareOp::Greater,
+                                    -1,
+                                )])
+                                .and_then([etcd_client::TxnOp::put(key, v, None)]);
+                            drop(c.txn(t).await.unwrap())
+                        }
+                    }
+                }
+            })
+            .await
+        };
+        let (cm, cp, cr) = {
+            let v = value.clone();
+            let store = &store;
+            latencies(n, |i| {
+                let v = v.clone();
+                async move {
+                    let key = format!("bench/coord/{}", i % 100);
+                    match op {
+                        "put" => drop(store.put(PutRequest::new(key, v)).await.unwrap()),
+                        "get" => drop(store.get(GetRequest::key(key)).await.unwrap()),
+                        _ => {
+                            let t = TxnRequest::new()
+                                .when([Compare::version(key.clone(), CompareOp::Greater, -1)])
+                                .and_then([PutRequest::new(key, v)]);
+                            drop(store.txn(t).await.unwrap())
+                        }
+                    }
+                }
+            })
+            .await
+        };
+        r.line(format!(
+            "| {op} | {} | {} | {} | {} | {rr:.0} | {cr:.0} | {:.2} |",
+            ms(rm),
+            ms(rp),
+            ms(cm),
+            ms(cp),
+            cm.as_secs_f64() / rm.as_secs_f64()
+        ));
+    }
+    // Throughput under concurrency: 32 tasks x 250 puts.
+    let tasks = 32;
+    let per = 250;
+    let start = Instant::now();
+    let mut hs = Vec::new();
+    for t in 0..tasks {
+        let mut c = raw.clone();
+        hs.push(tokio::spawn(async move {
+            for i in 0..per {
+                c.put(format!("bench/rawc/{t}/{i}"), "v", None)
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for h in hs {
+        h.await.unwrap();
+    }
+    let raw_rate = (tasks * per) as f64 / start.elapsed().as_secs_f64();
+    let start = Instant::now();
+    let mut hs = Vec::new();
+    for t in 0..tasks {
+        let s = store.clone();
+        hs.push(tokio::spawn(async move {
+            for i in 0..per {
+                s.put_value(format!("bench/coordc/{t}/{i}"), "v")
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for h in hs {
+        h.await.unwrap();
+    }
+    let coord_rate = (tasks * per) as f64 / start.elapsed().as_secs_f64();
+    r.line(format!(
+        "\nConcurrent puts ({tasks} tasks x {per}): raw {raw_rate:.0}/s, coord {coord_rate:.0}/s (coord/raw {:.2}).",
+        coord_rate / raw_rate
+    ));
+}
+
+async fn etcdctl_elect(endpoint: &str, name: &str, proposal: &str) -> tokio::process::Child {
+    tokio::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", endpoint, "elect", name, proposal])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("etcdctl (Debian: etcd-client) must be installed")
+}
+
+/// Waits until the etcdctl child prints a line containing `what`.
+async fn printed(child: &mut tokio::process::Child, what: &str, bound: Duration) -> bool {
+    let stdout = child.stdout.as_mut().expect("piped");
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    tokio::time::timeout(bound, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.contains(what) {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .unwrap_or(false)
+}
+
+/// Session a leads election `name`; session b's campaign is queued behind it.
+async fn leader_and_waiting(
+    store: &Arc<DynKvLeaseStore>,
+    name: &str,
+    ttl: Duration,
+) -> (
+    Session,
+    Session,
+    Leadership,
+    JoinHandle<coord_api::Result<Leadership>>,
+) {
+    let a = Session::new(store.clone(), SessionConfig::default().with_ttl(ttl))
+        .await
+        .unwrap();
+    let b = Session::new(store.clone(), SessionConfig::default().with_ttl(ttl))
+        .await
+        .unwrap();
+    let lead = Election::new(&a, name).campaign("a").await.unwrap();
+    let eb = Election::new(&b, name);
+    let waiting = tokio::spawn(async move { eb.campaign("b").await });
+    while store.get_prefix(format!("{name}/")).await.unwrap().count < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    (a, b, lead, waiting)
+}
+
+async fn failover(r: &mut Report, quick: bool) {
+    r.section("Failover: coord's Election against etcd's Go implementation (etcdctl elect)");
+    let cluster = EtcdCluster::single().await.expect("etcd");
+    let endpoint = cluster.endpoint(0);
+    let store: Arc<DynKvLeaseStore> = Arc::new(cluster.store().await);
+    let ttl = Duration::from_secs(2);
+    let runs = 5;
+    // coord, graceful.
+    let mut graceful = Vec::new();
+    for i in 0..runs {
+        let (_a, _b, lead, waiting) =
+            leader_and_waiting(&store, &format!("fo/coord/{i}"), ttl).await;
+        let t = Instant::now();
+        lead.resign().await.unwrap();
+        waiting.await.unwrap().unwrap();
+        graceful.push(t.elapsed());
+    }
+    // coord, crash (the leader stops renewing, nothing is revoked).
+    let mut crash = Vec::new();
+    for i in 0..3 {
+        let (a, _b, lead, waiting) =
+            leader_and_waiting(&store, &format!("fo/coordc/{i}"), ttl).await;
+        let t = Instant::now();
+        drop(lead);
+        drop(a);
+        waiting.await.unwrap().unwrap();
+        crash.push(t.elapsed());
+    }
+    // etcdctl elect, graceful (SIGINT resigns).
+    let mut go_graceful = Vec::new();
+    for i in 0..runs {
+        let name = format!("fo/go/{i}");
+        let mut a = etcdctl_elect(&endpoint, &name, "go-a").await;
+        assert!(
+            printed(&mut a, "go-a", Duration::from_secs(10)).await,
+            "etcdctl leads"
+        );
+        let mut b = etcdctl_elect(&endpoint, &name, "go-b").await;
+        while store.get_prefix(format!("{name}/")).await.unwrap().count < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let t = Instant::now();
+        let _ = std::process::Command::new("kill")
+            .args(["-INT", &a.id().unwrap().to_string()])
+            .status();
+        assert!(
+            printed(&mut b, "go-b", Duration::from_secs(10)).await,
+            "etcdctl successor"
+        );
+        go_graceful.push(t.elapsed());
+        let _ = b.kill().await;
+        let _ = a.wait().await;
+    }
+    let med = |v: &mut Vec<Duration>| {
+        v.sort();
+        percentile(v, 0.5)
+    };
+    r.line("| | coord (TTL 2 s) | etcdctl elect (session TTL 60 s, fixed) |");
+    r.line("|---|---|---|");
+    r.line(format!(
+        "| graceful: resign to successor, median of {runs} | {} | {} |",
+        ms(med(&mut graceful)),
+        ms(med(&mut go_graceful))
+    ));
+    let go_crash = if quick {
+        "not run (`quick`)".to_owned()
+    } else {
+        let name = "fo/goc";
+        let mut a = etcdctl_elect(&endpoint, name, "go-a").await;
+        assert!(printed(&mut a, "go-a", Duration::from_secs(10)).await);
+        let mut b = etcdctl_elect(&endpoint, name, "go-b").await;
+        while store.get_prefix(format!("{name}/")).await.unwrap().count < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let t = Instant::now();
+        let _ = a.start_kill();
+        let _ = a.wait().await;
+        if printed(&mut b, "go-b", Duration::from_secs(75)).await {
+            format!(
+                "{:.2} s (TTL + {:.2} s)",
+                t.elapsed().as_secs_f64(),
+                t.elapsed().as_secs_f64() - 60.0
+            )
+        } else {
+            "no successor within 75 s".to_owned()
+        }
+    };
+    let c = med(&mut crash);
+    r.line(format!(
+        "| crash (kill -9 / stop renewing) to successor | {:.2} s (TTL + {:.2} s), median of 3 | {go_crash} |",
+        c.as_secs_f64(),
+        c.as_secs_f64() - ttl.as_secs_f64()
+    ));
+    r.line("\nA crashed leader's successor waits for the lease to expire on both: the time past the TTL is etcd's 500 ms expiry tick plus the watch delivery. etcdctl elect cannot shorten its session's 60 s TTL; coord's TTL is the caller's.");
+}
+
+async fn host_down_and_heal(r: &mut Report) {
+    r.section("HostDown after stop(); registration heal after an etcd restart");
+    let cluster = EtcdCluster::single().await.expect("etcd");
+    let store: Arc<DynKvLeaseStore> = Arc::new(cluster.store().await);
+    let mut watcher = ClusterWatcher::start(store.clone(), ClusterWatcherConfig::new("hd/"))
+        .await
+        .unwrap();
+    let mut downs = Vec::new();
+    for i in 0..20 {
+        let reg = HostRegistration::start(
+            store.clone(),
+            RegistrationConfig::new(format!("hd/{i}"), "m").with_ttl(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap();
+        let _up = watcher.next().await;
+        let t = Instant::now();
+        reg.stop().await.unwrap();
+        let _down = watcher.next().await;
+        downs.push(t.elapsed());
+    }
+    downs.sort();
+    r.line(format!(
+        "stop() to HostDown at a watcher, 20 runs: median {}, p99 {}.",
+        ms(percentile(&downs, 0.5)),
+        ms(percentile(&downs, 0.99))
+    ));
+    let reg = HostRegistration::start(
+        store.clone(),
+        RegistrationConfig::new("hd/heal", "m").with_ttl(Duration::from_secs(5)),
+    )
+    .await
+    .unwrap();
+    cluster.kill(0);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t = Instant::now();
+    cluster.restart(0).await.unwrap();
+    let restart = t.elapsed();
+    let back = Instant::now();
+    loop {
+        let lease = reg.lease_id();
+        let ok = store
+            .get_key("hd/heal")
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|kv| kv.lease == lease)
+            && store
+                .time_to_live(lease)
+                .await
+                .is_ok_and(|t| t.ttl + Duration::from_secs(2) >= t.granted_ttl);
+        if ok {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    r.line(format!(
+        "After kill -9 and a restart ({:.2} s to start), the registration was healthy {} after etcd answered again.",
+        restart.as_secs_f64(),
+        ms(back.elapsed())
+    ));
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+async fn watcher_at_10k(r: &mut Report) {
+    r.section("ClusterWatcher at 10,000 hosts (real etcd)");
+    let cluster = EtcdCluster::single().await.expect("etcd");
+    let store: Arc<DynKvLeaseStore> = Arc::new(cluster.store().await);
+    let hosts = 10_000;
+    let metadata = "10.0.0.1:8080 zone=a version=1.2.3";
+    let fill = |offset: &'static str| {
+        let store = store.clone();
+        async move {
+            let mut hs = Vec::new();
+            for t in 0..50 {
+                let s = store.clone();
+                hs.push(tokio::spawn(async move {
+                    for i in (t..hosts).step_by(50) {
+                        s.put_value(format!("big/host-{i:05}"), format!("{metadata} {offset}"))
+                            .await
+                            .unwrap();
+                    }
+                }));
+            }
+            for h in hs {
+                h.await.unwrap();
+            }
+        }
+    };
+    let t = Instant::now();
+    fill("a").await;
+    println!(
+        "({hosts} hosts written in {:.2} s)",
+        t.elapsed().as_secs_f64()
+    );
+    let before = rss_kib();
+    let t = Instant::now();
+    let watcher = ClusterWatcher::start(store.clone(), ClusterWatcherConfig::new("big/"))
+        .await
+        .unwrap();
+    let snapshot = t.elapsed();
+    assert_eq!(watcher.view().hosts.len(), hosts);
+    let after = rss_kib();
+    // Every host updated: the watcher's view must reach the last revision. Its consumer reads
+    // every event (an unread watcher applies backpressure and stops).
+    let mut view = watcher.subscribe_view();
+    let mut watcher = watcher;
+    let drain = tokio::spawn(async move {
+        let mut n = 0u64;
+        while watcher.next().await.is_some() {
+            n += 1;
+        }
+        n
+    });
+    let t = Instant::now();
+    fill("b").await;
+    let target = store.current_revision().await.unwrap();
+    let written = t.elapsed();
+    while view.borrow_and_update().revision < target {
+        view.changed().await.unwrap();
+    }
+    let applied = t.elapsed();
+    r.line(format!(
+        "Snapshot (list and start) of {hosts} hosts: {}.",
+        ms(snapshot)
+    ));
+    r.line(format!(
+        "{hosts} updates written by 50 tasks in {:.2} s; the watcher's view was current {:.2} s after the first write: {:.0} events/s processed (bounded by the writers).",
+        written.as_secs_f64(),
+        applied.as_secs_f64(),
+        hosts as f64 / applied.as_secs_f64()
+    ));
+    r.line(format!(
+        "Process RSS grew {} KiB when the watcher took its snapshot: about {} bytes per host (view, event buffer, the listing's transient copy; {}-byte metadata).",
+        after.saturating_sub(before),
+        after.saturating_sub(before) * 1024 / hosts as u64,
+        metadata.len() + 2
+    ));
+    drain.abort();
+}
+
+fn keep_alive_economy(r: &mut Report) {
+    r.section("Keep-alive economy: 1,000 elections, one pool against a session each");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let elections = 1000;
+    let ttl = Duration::from_secs(10);
+    let window = Duration::from_secs(60);
+    for pooled in [true, false] {
+        let (leases, renewals) = rt.block_on(async move {
+            let store = SimStore::new();
+            let counts = Arc::new(std::sync::Mutex::new((0u64, 0u64)));
+            let c = counts.clone();
+            store.on_journal(move |_, e| {
+                let mut c = c.lock().unwrap();
+                match e {
+                    Entry::Grant { .. } => c.0 += 1,
+                    Entry::Renew { .. } => c.1 += 1,
+                    _ => {}
+                }
+            });
+            let shared: Arc<DynKvLeaseStore> = Arc::new(store.clone());
+            let pool = ElectionPool::new(shared.clone(), SessionConfig::default().with_ttl(ttl));
+            let mut held = Vec::new();
+            let mut sessions = Vec::new();
+            for i in 0..elections {
+                if pooled {
+                    held.push(pool.campaign(&format!("eco/{i}"), "me").await.unwrap());
+                } else {
+                    let s = Session::new(shared.clone(), SessionConfig::default().with_ttl(ttl))
+                        .await
+                        .unwrap();
+                    held.push(
+                        Election::new(&s, format!("eco/{i}"))
+                            .campaign("me")
+                            .await
+                            .unwrap(),
+                    );
+                    sessions.push(s);
+                }
+            }
+            let before = counts.lock().unwrap().1;
+            tokio::time::sleep(window).await;
+            let c = counts.lock().unwrap();
+            (c.0, c.1 - before)
+        });
+        r.line(format!(
+            "{}: {leases} leases, {:.1} renewals/s (TTL {} s, renewing every TTL/3; counted in the simulator's journal over {} s).",
+            if pooled { "ElectionPool" } else { "a Session per election" },
+            renewals as f64 / window.as_secs_f64(),
+            ttl.as_secs(),
+            window.as_secs()
+        ));
+    }
+}
+
+fn simulator_speed(r: &mut Report) {
+    r.section("Simulator speed (one thread)");
+    r.line("The chaos scenario without faults: every node registers, campaigns in 2 elections and acts every TTL/4; 2 watchers. Simulated seconds per wall second.\n");
+    r.line("| hosts | in-process | over turmoil (EtcdStore, tonic, h2) |");
+    r.line("|---|---|---|");
+    for (hosts, secs, turmoil_secs) in [(10, 120, 60), (100, 60, 20), (1000, 20, 5)] {
+        let mut s = Scenario::default();
+        s.hosts = hosts;
+        s.fault_kinds.clear();
+        s.duration = Duration::from_secs(secs);
+        let t = Instant::now();
+        let h = simulate(&s, 1, &[]);
+        let inproc = secs as f64 / t.elapsed().as_secs_f64();
+        assert!(!h.records.is_empty());
+        s.duration = Duration::from_secs(turmoil_secs);
+        let t = Instant::now();
+        let h = simulate_turmoil(&s, 1, &[]);
+        let over = turmoil_secs as f64 / t.elapsed().as_secs_f64();
+        assert!(!h.records.is_empty());
+        r.line(format!("| {hosts} | {inproc:.1} | {over:.2} |"));
+    }
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().next().map(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .unwrap_or("0")
+                    .parse::<u64>()
+                    .unwrap_or(0)
+            })
+        })
+        .unwrap_or(0);
+    let etcd = std::process::Command::new("etcd")
+        .arg("--version")
+        .output()
+        .ok()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .unwrap_or_default();
+    format!(
+        "{cpu}, {cores} cores, {:.0} GiB; {etcd}",
+        mem as f64 / 1024.0 / 1024.0
+    )
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "quick");
+    let mut r = Report { md: String::new() };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // `-- only=NAME` runs one section (for working on it; BENCHMARKS.md is not written then).
+    let only = std::env::args().find_map(|a| a.strip_prefix("only=").map(str::to_owned));
+    let run = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    if run("adapter") {
+        rt.block_on(adapter_overhead(&mut r));
+    }
+    if run("failover") {
+        rt.block_on(failover(&mut r, quick));
+    }
+    if run("hostdown") {
+        rt.block_on(host_down_and_heal(&mut r));
+    }
+    if run("watcher") {
+        rt.block_on(watcher_at_10k(&mut r));
+    }
+    if run("economy") {
+        keep_alive_economy(&mut r);
+    }
+    if run("simulator") {
+        simulator_speed(&mut r);
+    }
+    if only.is_some() {
+        return;
+    }
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let header = format!(
+        "# Benchmarks\n\nWritten by `cargo bench -p coord-tests --bench coord{}` at commit {commit}, on {}. Release build; real etcd started by the test harness (one member, loopback).\n",
+        if quick { " -- quick" } else { "" },
+        machine()
+    );
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../BENCHMARKS.md");
+    std::fs::write(path, format!("{header}{}", r.md)).expect("write BENCHMARKS.md");
+    println!("\nwritten to BENCHMARKS.md");
+}
