@@ -812,10 +812,18 @@ impl KeepAlive for SimKeepAlive {
             });
         }
         let lease = self.lease;
-        let r = shared.apply(self.client.origin(), |s, now| s.renew(now, lease));
-        // A renewal can move a deadline earlier too: after a leader change refreshed the
-        // lease to TTL + election timeout, a renewal sets it back to now + TTL, as etcd's does.
-        shared.deadlines_changed.notify_one();
+        let (r, earlier) = shared.apply(self.client.origin(), |s, now| {
+            let before = s.next_deadline();
+            let r = s.renew(now, lease);
+            (r, s.next_deadline() < before)
+        });
+        // A renewal can move the earliest deadline earlier too: after a leader change
+        // refreshed the lease to TTL + election timeout, a renewal sets it back to now + TTL,
+        // as etcd's does. Only then does the expiry task need waking (waking it on every
+        // renewal costs a scan of every watch, per renewal).
+        if earlier {
+            shared.deadlines_changed.notify_one();
+        }
         self.client.reply("keep-alive", deaf, false, r).await
     }
 }

@@ -257,11 +257,13 @@ async fn failover(r: &mut Report, quick: bool) {
     for i in 0..3 {
         let (a, _b, lead, waiting) =
             leader_and_waiting(&store, &format!("fo/coordc/{i}"), ttl).await;
-        let t = Instant::now();
+        // Measured from the last renewal: the store expires the lease TTL after it, whenever
+        // the crash came in the renewal period.
+        let renewed = (a.deadline() - ttl).into_std();
         drop(lead);
         drop(a);
         waiting.await.unwrap().unwrap();
-        crash.push(t.elapsed());
+        crash.push(renewed.elapsed());
     }
     // etcdctl elect, graceful (SIGINT resigns).
     let mut go_graceful = Vec::new();
@@ -314,9 +316,8 @@ async fn failover(r: &mut Report, quick: bool) {
         let _ = a.wait().await;
         if printed(&mut b, "go-b", Duration::from_secs(75)).await {
             format!(
-                "{:.2} s (TTL + {:.2} s)",
-                t.elapsed().as_secs_f64(),
-                t.elapsed().as_secs_f64() - 60.0
+                "{:.2} s after the kill -9 (session TTL 60 s)",
+                t.elapsed().as_secs_f64()
             )
         } else {
             "no successor within 75 s".to_owned()
@@ -324,11 +325,11 @@ async fn failover(r: &mut Report, quick: bool) {
     };
     let c = med(&mut crash);
     r.line(format!(
-        "| crash (kill -9 / stop renewing) to successor | {:.2} s (TTL + {:.2} s), median of 3 | {go_crash} |",
+        "| crash (stops renewing) to successor | {:.2} s after the last renewal (TTL + {:.0} ms), median of 3 | {go_crash} |",
         c.as_secs_f64(),
-        c.as_secs_f64() - ttl.as_secs_f64()
+        (c.as_secs_f64() - ttl.as_secs_f64()) * 1000.0
     ));
-    r.line("\nA crashed leader's successor waits for the lease to expire on both: the time past the TTL is etcd's 500 ms expiry tick plus the watch delivery. etcdctl elect cannot shorten its session's 60 s TTL; coord's TTL is the caller's.");
+    r.line("\nA crashed leader's successor waits for the lease to expire on both: past the TTL, etcd's 500 ms expiry tick and the watch delivery. etcdctl's figure is from the kill -9, after which its lease lives up to one TTL since its last renewal (it renews every 20 s, unseen from outside). etcdctl elect cannot shorten its session's 60 s TTL; coord's TTL is the caller's. The graceful figure for etcdctl includes its process handling SIGINT and printing; both resign by deleting the key, and the successor's watch fires at once.");
 }
 
 async fn host_down_and_heal(r: &mut Report) {
@@ -545,7 +546,9 @@ fn simulator_speed(r: &mut Report) {
     r.line("The chaos scenario without faults: every node registers, campaigns in 2 elections and acts every TTL/4; 2 watchers. Simulated seconds per wall second.\n");
     r.line("| hosts | in-process | over turmoil (EtcdStore, tonic, h2) |");
     r.line("|---|---|---|");
-    for (hosts, secs, turmoil_secs) in [(10, 120, 60), (100, 60, 20), (1000, 20, 5)] {
+    // Shorter runs for more hosts: the figure is a rate.
+    for (hosts, secs, turmoil_secs) in [(10, 120, Some(60)), (100, 30, Some(10)), (1000, 10, None)]
+    {
         let mut s = Scenario::default();
         s.hosts = hosts;
         s.fault_kinds.clear();
@@ -554,12 +557,18 @@ fn simulator_speed(r: &mut Report) {
         let h = simulate(&s, 1, &[]);
         let inproc = secs as f64 / t.elapsed().as_secs_f64();
         assert!(!h.records.is_empty());
-        s.duration = Duration::from_secs(turmoil_secs);
-        let t = Instant::now();
-        let h = simulate_turmoil(&s, 1, &[]);
-        let over = turmoil_secs as f64 / t.elapsed().as_secs_f64();
-        assert!(!h.records.is_empty());
-        r.line(format!("| {hosts} | {inproc:.1} | {over:.2} |"));
+        let over = match turmoil_secs {
+            Some(secs) => {
+                s.duration = Duration::from_secs(secs);
+                let t = Instant::now();
+                let h = simulate_turmoil(&s, 1, &[]);
+                assert!(!h.records.is_empty());
+                format!("{:.2}", secs as f64 / t.elapsed().as_secs_f64())
+            }
+            // Measured once by hand: one simulated second had not finished after 10 minutes.
+            None => "not measured (over 10 min per simulated second)".to_owned(),
+        };
+        r.line(format!("| {hosts} | {inproc:.1} | {over} |"));
     }
 }
 
