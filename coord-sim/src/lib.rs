@@ -26,25 +26,34 @@
 //!
 //! # Faults
 //!
-//! In process, without a simulated network: [`SimStore::close_streams`] ends every keep-alive
-//! channel and watch (a lost connection, an etcd leader change), [`SimStore::connect`] plus
-//! [`SimStore::set_cut_off`] cuts one client off, [`SimConfig::with_latency`] (every client) or
-//! [`SimStore::set_latency`] (one client) makes calls take time, [`SimStore::lose_replies`] applies writes but loses their replies,
-//! [`SimStore::leader_change`] closes streams and refreshes leases as a new etcd leader does,
-//! [`SimStore::compact_every`] compacts on a cadence, and the trait itself revokes leases,
-//! deletes keys and compacts from outside.
+//! In process, without a simulated network. Per client ([`SimStore::connect`] makes one):
+//! [`SimStore::set_cut_off`] (a partition both ways), [`SimStore::set_deaf`] (one way: requests
+//! apply, replies are lost), [`SimStore::set_held`] (messages stall until released),
+//! [`SimStore::set_latency`], [`SimStore::lose_replies`]. Store-wide:
+//! [`SimStore::close_streams`], [`SimStore::leader_change`] (streams close, leases refreshed as a
+//! new etcd leader does), [`SimStore::crash`] and [`SimStore::restart`],
+//! [`SimStore::compact_every`]; and the trait itself revokes leases, deletes keys and compacts
+//! from outside. [`SimStore::on_journal`] records every change with its cause.
+//!
+//! # Chaos
+//!
+//! [`chaos`] runs the recipes on many nodes under a schedule of those faults, records one
+//! history and checks it against the invariants; the `chaos` binary is its runner. With the
+//! `turmoil` feature, the `grpc` module serves the store as etcd's gRPC services, so the production
+//! `EtcdStore` runs against it over turmoil's simulated network.
 //!
 //! # Determinism
 //!
 //! All time comes from `tokio::time`, lease ids from [`SimConfig::seed`], and every collection
 //! the store iterates is ordered, so the same operations give the same results and the same
-//! ids, run after run.
+//! ids, run after run. Tokio's own random choices (the wake order of a watch channel's
+//! waiters) are seeded only in builds with `--cfg tokio_unstable`, which this repository's
+//! `.cargo/config.toml` sets; the chaos runs seed them from the run's seed.
 //!
 //! # Layout
 //!
 //! [`state`] is the store itself, a pure synchronous state machine; [`SimStore`] serves it
-//! in-process. Keeping them apart lets the same state machine be served over a simulated
-//! network later.
+//! in-process and `grpc` (feature `turmoil`) over a simulated network; [`journal`] is its record of changes.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::fault::FaultKind;
 
-/// A scenario: run by [`run`](super::run) once per seed.
+/// A scenario: what [`simulate`](super::simulate) runs, once per seed.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Scenario {

@@ -1,5 +1,5 @@
 //! The simulator served as etcd: etcd's KV, Lease, Watch and Maintenance gRPC services over a
-//! [`SimStore`], so that the production `EtcdStore` (and any etcd client) can run against it,
+//! [`SimStore`](crate::SimStore), so that the production `EtcdStore` (and any etcd client) can run against it,
 //! over turmoil's simulated network in this crate's use.
 //!
 //! Elections need no service: coord runs them on the client, over KV, Lease and Watch.
