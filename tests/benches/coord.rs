@@ -613,6 +613,12 @@ fn machine() -> String {
 }
 
 fn main() {
+    // `cargo bench` passes --bench; `cargo test --all-targets` builds and runs bench targets
+    // too, without it, and must not spend minutes here or rewrite BENCHMARKS.md.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("coord benchmarks: run them with `cargo bench -p coord-tests --bench coord`");
+        return;
+    }
     let quick = std::env::args().any(|a| a == "quick");
     let mut r = Report { md: String::new() };
     let rt = tokio::runtime::Builder::new_multi_thread()
