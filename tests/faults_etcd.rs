@@ -305,8 +305,19 @@ async fn sigstop_of_the_member_longer_than_the_ttl() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_partition_shorter_than_the_ttl_is_ridden_through() {
+/// Host p, registered and leading through a proxy of its own (so it alone can be cut off);
+/// candidate q queued behind it on a direct connection; a watcher on a direct connection.
+struct Partitionable {
+    _cluster: EtcdCluster,
+    seen: Seen,
+    _watcher: JoinHandle<()>,
+    proxy: TcpProxy,
+    reg: HostRegistration,
+    leaders: Leaders,
+    _candidates: [JoinHandle<()>; 2],
+}
+
+async fn partitionable() -> Partitionable {
     let (cluster, store) = single().await;
     let (seen, _watcher) = observe(&store).await;
     let (client, proxy) = proxied(&cluster, 0).await;
@@ -314,12 +325,38 @@ async fn a_partition_shorter_than_the_ttl_is_ridden_through() {
         .await
         .unwrap();
     let leaders = Leaders::default();
-    let _c1 = leaders.candidate(client.clone(), "p");
+    let p = leaders.candidate(client.clone(), "p");
     eventually(SLACK * 3, "p to lead", || async {
         leaders.current().is_some()
     })
     .await;
-    let _c2 = leaders.candidate(store.clone(), "q");
+    let q = leaders.candidate(store.clone(), "q");
+    eventually(SLACK, "q to queue", || async {
+        store.get_prefix("jobs/").await.unwrap().count == 2
+    })
+    .await;
+    Partitionable {
+        _cluster: cluster,
+        seen,
+        _watcher,
+        proxy,
+        reg,
+        leaders,
+        _candidates: [p, q],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_shorter_than_the_ttl_is_ridden_through() {
+    // Borrowed, not moved: the fields left out (etcd, the watcher, the candidates) must live.
+    let setup = partitionable().await;
+    let Partitionable {
+        seen,
+        proxy,
+        reg,
+        leaders,
+        ..
+    } = &setup;
     let before = leaders.current();
     // Shorter than TTL - 2 x (TTL/3): a renewal period of margin on each side.
     let cut = TTL / 3 - Duration::from_millis(200);
@@ -346,23 +383,15 @@ async fn a_partition_shorter_than_the_ttl_is_ridden_through() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_longer_than_the_ttl_expires_then_heals() {
-    let (cluster, store) = single().await;
-    let (seen, _watcher) = observe(&store).await;
-    let (client, proxy) = proxied(&cluster, 0).await;
-    let reg = HostRegistration::start(client.clone(), register("p"))
-        .await
-        .unwrap();
-    let leaders = Leaders::default();
-    let _c1 = leaders.candidate(client.clone(), "p");
-    eventually(SLACK * 3, "p to lead", || async {
-        leaders.current().is_some()
-    })
-    .await;
-    let _c2 = leaders.candidate(store.clone(), "q");
-    eventually(SLACK, "q to queue", || async {
-        store.get_prefix("jobs/").await.unwrap().count == 2
-    })
-    .await;
+    // Borrowed, not moved: the fields left out (etcd, the watcher, the candidates) must live.
+    let setup = partitionable().await;
+    let Partitionable {
+        seen,
+        proxy,
+        reg,
+        leaders,
+        ..
+    } = &setup;
 
     proxy.blackhole();
     let cut = Instant::now();
