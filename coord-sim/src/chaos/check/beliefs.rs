@@ -93,23 +93,13 @@ impl Beliefs {
                     }
                 }
                 Happening::Registered(who, lease) => {
-                    if let Some((old, from)) = registered.insert(*who, (*lease, r.at)) {
-                        b.registered.push(Registered {
-                            who: *who,
-                            lease: old,
-                            from,
-                            until: r.at,
-                        });
+                    if let Some(held) = registered.insert(*who, (*lease, r.at)) {
+                        b.end_registration(*who, held, r.at);
                     }
                 }
                 Happening::Unregistered(who) => {
-                    if let Some((lease, from)) = registered.remove(who) {
-                        b.registered.push(Registered {
-                            who: *who,
-                            lease,
-                            from,
-                            until: r.at,
-                        });
+                    if let Some(held) = registered.remove(who) {
+                        b.end_registration(*who, held, r.at);
                     }
                 }
                 Happening::Crashed(who) => {
@@ -127,13 +117,8 @@ impl Beliefs {
                             resigned: false,
                         });
                     }
-                    if let Some((lease, from)) = registered.remove(who) {
-                        b.registered.push(Registered {
-                            who: *who,
-                            lease,
-                            from,
-                            until: r.at,
-                        });
+                    if let Some(held) = registered.remove(who) {
+                        b.end_registration(*who, held, r.at);
                     }
                 }
                 Happening::Stopping(who) => {
@@ -168,13 +153,8 @@ impl Beliefs {
                 resigned: false,
             });
         }
-        for (who, (lease, from)) in registered {
-            b.registered.push(Registered {
-                who,
-                lease,
-                from,
-                until: end,
-            });
+        for (who, held) in registered {
+            b.end_registration(who, held, end);
         }
         for (fault, from) in faults {
             // Instant faults (and lasting ones cut off by the end) span to their start.
@@ -183,6 +163,21 @@ impl Beliefs {
         }
         b.leading.sort_by_key(|l| (l.election, l.from));
         b
+    }
+
+    /// Closes a registration belief held since `from` under `lease`.
+    fn end_registration(
+        &mut self,
+        who: Incarnation,
+        (lease, from): (LeaseId, Duration),
+        until: Duration,
+    ) {
+        self.registered.push(Registered {
+            who,
+            lease,
+            from,
+            until,
+        });
     }
 
     /// Whether a fault of one of `kinds` touching `node` (or the whole store, for
