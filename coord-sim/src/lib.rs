@@ -35,12 +35,14 @@
 //! [`SimStore::compact_every`]; and the trait itself revokes leases, deletes keys and compacts
 //! from outside. [`SimStore::on_journal`] records every change with its cause.
 //!
-//! # Chaos
+//! # Over a simulated network
 //!
-//! [`chaos`] runs the recipes on many nodes under a schedule of those faults, records one
-//! history and checks it against the invariants; the `chaos` binary is its runner. With the
-//! `turmoil` feature, the `grpc` module serves the store as etcd's gRPC services, so the production
-//! `EtcdStore` runs against it over turmoil's simulated network.
+//! With the `grpc` feature, the `grpc` module serves the store as etcd's KV, Lease, Watch and
+//! Maintenance gRPC services on a turmoil host, so that any etcd client (coord's production
+//! `EtcdStore` among them) runs against it over turmoil's simulated TCP.
+//!
+//! The chaos runner, which drives the recipes on many nodes under scheduled faults and checks
+//! every history against invariants, lives in the `coord-chaos` crate.
 //!
 //! # Determinism
 //!
@@ -53,13 +55,12 @@
 //! # Layout
 //!
 //! [`state`] is the store itself, a pure synchronous state machine; [`SimStore`] serves it
-//! in-process and `grpc` (feature `turmoil`) over a simulated network; [`journal`] is its record of changes.
+//! in-process and `grpc` (feature `grpc`) over a simulated network; [`journal`] is its record of changes.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod chaos;
-#[cfg(feature = "turmoil")]
-#[cfg_attr(docsrs, doc(cfg(feature = "turmoil")))]
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub mod grpc;
 pub mod journal;
 mod link;

@@ -22,8 +22,8 @@ use coord_api::{
     Compare, CompareOp, DynKvLeaseStore, GetRequest, KvLeaseStore, KvLeaseStoreExt, PutRequest,
     TxnRequest,
 };
+use coord_chaos::{simulate, simulate_turmoil, Scenario};
 use coord_etcd::testing::EtcdCluster;
-use coord_sim::chaos::{simulate, simulate_turmoil, Scenario};
 use coord_sim::{journal::Entry, SimStore};
 use tokio::io::AsyncBufReadExt;
 use tokio::task::JoinHandle;

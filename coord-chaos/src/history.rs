@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use coord_api::LeaseId;
 
-use super::fault::Fault;
-use crate::journal::Entry;
+use crate::fault::Fault;
+use coord_sim::journal::Entry;
 
 /// A node, and which incarnation of it (a crash or restart makes a new one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

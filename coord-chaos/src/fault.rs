@@ -3,8 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::rng::Rng;
-use super::scenario::Scenario;
+use crate::rng::Rng;
+use crate::scenario::Scenario;
 
 /// A kind of fault, as named on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -6,13 +6,13 @@
 //! take milliseconds:
 //!
 //! ```text
-//! cargo run -p coord-sim --example cluster
+//! cargo run -p coord-tests --example cluster
 //! ```
 //!
 //! On a real etcd (the same code, in real time; the stream-close fault is simulator-only):
 //!
 //! ```text
-//! cargo run -p coord-sim --features etcd --example cluster -- --etcd 127.0.0.1:2379
+//! cargo run -p coord-tests --example cluster -- --etcd 127.0.0.1:2379
 //! ```
 
 use std::sync::Arc;
@@ -99,7 +99,6 @@ async fn store_from_args() -> (Arc<DynKvLeaseStore>, Option<SimStore>) {
     }
 }
 
-#[cfg(feature = "etcd")]
 async fn etcd(endpoints: &str) -> Arc<DynKvLeaseStore> {
     let config = coord_etcd::EtcdConfig::new(endpoints.split(','));
     Arc::new(
@@ -107,12 +106,6 @@ async fn etcd(endpoints: &str) -> Arc<DynKvLeaseStore> {
             .await
             .expect("connect to etcd"),
     )
-}
-
-#[cfg(not(feature = "etcd"))]
-async fn etcd(_: &str) -> Arc<DynKvLeaseStore> {
-    eprintln!("--etcd needs the etcd backend: cargo run -p coord-sim --features etcd --example cluster -- --etcd ENDPOINTS");
-    std::process::exit(2);
 }
 
 async fn run(store: Arc<DynKvLeaseStore>, sim: Option<SimStore>) {

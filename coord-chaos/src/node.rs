@@ -14,10 +14,10 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::history::{Emitted, Happening, Incarnation};
-use super::recorder::Recorder;
-use super::rng::Rng;
-use super::scenario::Scenario;
+use crate::history::{Emitted, Happening, Incarnation};
+use crate::recorder::Recorder;
+use crate::rng::Rng;
+use crate::scenario::Scenario;
 
 /// The prefix every node registers under.
 pub const HOSTS: &str = "hosts/";

@@ -3,7 +3,7 @@
 //! and prints its timeline (and `--svg FILE` draws it). Exit status 1 on any violation.
 //!
 //! ```text
-//! cargo run -p coord-sim --bin chaos -- --help
+//! cargo run -p coord-chaos --bin chaos -- --help
 //! ```
 
 use std::collections::BTreeMap;
@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use coord_sim::chaos::{
+use coord_chaos::{
     check, schedule, simulate, timeline_svg, Emitted, FaultKind, Happening, History, Rng, Scenario,
     Violation, INVARIANTS,
 };
@@ -171,21 +171,17 @@ fn run_seed(scenario: &Scenario, seed: u64, turmoil: bool) -> (Run, History) {
 }
 
 #[cfg(feature = "turmoil")]
-fn simulate_on_turmoil(
-    scenario: &Scenario,
-    seed: u64,
-    faults: &[coord_sim::chaos::Fault],
-) -> History {
-    coord_sim::chaos::simulate_turmoil(scenario, seed, faults)
+fn simulate_on_turmoil(scenario: &Scenario, seed: u64, faults: &[coord_chaos::Fault]) -> History {
+    coord_chaos::simulate_turmoil(scenario, seed, faults)
 }
 
 #[cfg(not(feature = "turmoil"))]
-fn simulate_on_turmoil(_: &Scenario, _: u64, _: &[coord_sim::chaos::Fault]) -> History {
+fn simulate_on_turmoil(_: &Scenario, _: u64, _: &[coord_chaos::Fault]) -> History {
     unreachable!("--turmoil is refused without the turmoil feature")
 }
 
 fn replay_command(args: &Args, seed: u64) -> String {
-    let mut cmd = String::from("cargo run -p coord-sim --bin chaos");
+    let mut cmd = String::from("cargo run -p coord-chaos --bin chaos");
     let features: Vec<&str> = [
         args.bug.as_ref().map(|_| "planted-bugs"),
         args.turmoil.then_some("turmoil"),

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use coord_api::{EventKind, LeaseId};
 
-use super::history::{Happening, History, Incarnation};
-use super::node::{election_name, HOSTS};
-use crate::journal::{Entry, Origin};
+use crate::history::{Happening, History, Incarnation};
+use crate::node::{election_name, HOSTS};
+use coord_sim::journal::{Entry, Origin};
 
 /// A key as it stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,7 +101,7 @@ impl Truth {
         let prefixes: Vec<String> = (0..elections)
             .map(|e| format!("{}/", election_name(e)))
             .collect();
-        let works: Vec<String> = (0..elections).map(super::node::work_key).collect();
+        let works: Vec<String> = (0..elections).map(crate::node::work_key).collect();
         for r in &history.records {
             match &r.what {
                 Happening::Started { who, client } => {

@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use super::{Ctx, Violation};
-use crate::chaos::fault::FaultKind;
-use crate::chaos::history::{Happening, Incarnation};
-use crate::chaos::node::host_key;
+use crate::fault::FaultKind;
+use crate::history::{Happening, Incarnation};
+use crate::node::host_key;
 
 pub(super) fn check(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
     l1_self_healing(ctx, out);
@@ -120,8 +120,8 @@ fn l2_blip_ride_through(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
         }
         // Deleted by the store (expiry) or an operator; the node's own resignations and
         // clean-ups are its business.
-        let own = |o: crate::journal::Origin| match o {
-            crate::journal::Origin::Client(c) => ctx.truth.incarnation_of(c) == Some(who),
+        let own = |o: coord_sim::journal::Origin| match o {
+            coord_sim::journal::Origin::Client(c) => ctx.truth.incarnation_of(c) == Some(who),
             _ => false,
         };
         let lost_key = ctx.truth.deletions.iter().find(|d| {
@@ -255,7 +255,7 @@ fn l4_watcher_convergence(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
         .truth
         .final_keys
         .keys()
-        .filter_map(|k| k.strip_prefix(crate::chaos::node::HOSTS).map(str::to_owned))
+        .filter_map(|k| k.strip_prefix(crate::node::HOSTS).map(str::to_owned))
         .collect();
     for who in live_at_end(ctx) {
         if who.node >= ctx.scenario.watchers {
@@ -341,8 +341,7 @@ fn l6_failover(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
     for l in ctx.beliefs.leading.iter().filter(|l| l.crashed) {
         let Some(d) = ctx.truth.deletions.iter().find(|d| {
             d.create_revision == l.token
-                && d.key
-                    .starts_with(&crate::chaos::node::election_name(l.election))
+                && d.key.starts_with(&crate::node::election_name(l.election))
         }) else {
             continue;
         };
@@ -414,7 +413,7 @@ fn l7_graceful_stop(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
             .iter()
             .filter(|l| l.who == *who && held(l.from, l.until))
         {
-            let prefix = crate::chaos::node::election_name(l.election);
+            let prefix = crate::node::election_name(l.election);
             if let Some(span) = ctx
                 .truth
                 .key_spans

@@ -5,7 +5,7 @@
 //!
 //! `CHAOS_TURMOIL_SEEDS` runs more seeds.
 
-use coord_sim::chaos::{check, schedule, simulate_turmoil, FaultKind, Rng, Scenario};
+use coord_chaos::{check, schedule, simulate_turmoil, FaultKind, Rng, Scenario};
 
 fn scenario() -> Scenario {
     let mut s = Scenario::default();
@@ -27,7 +27,7 @@ fn seeded_turmoil_runs_hold_every_invariant() {
         let violations = check(&scenario, &history);
         if !violations.is_empty() {
             failures.push(format!(
-                "seed {seed} (replay: cargo run -p coord-sim --features turmoil --bin chaos -- --turmoil --seed {seed}):\n{}",
+                "seed {seed} (replay: cargo run -p coord-chaos --features turmoil --bin chaos -- --turmoil --seed {seed}):\n{}",
                 violations.iter().map(|v| format!("  {v}")).collect::<Vec<_>>().join("\n")
             ));
         }

@@ -3,9 +3,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use super::fault::FaultKind;
+use crate::fault::FaultKind;
 
-/// A scenario: what [`simulate`](super::simulate) runs, once per seed.
+/// A scenario: what [`simulate`](crate::simulate) runs, once per seed.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Scenario {

@@ -15,13 +15,13 @@ use coord_etcd::{EtcdConfig, EtcdStore};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::fault::{Fault, FaultKind};
-use super::history::{Happening, History, Incarnation};
-use super::node::{self, NodeContext};
-use super::recorder::Recorder;
-use super::scenario::Scenario;
-use crate::grpc::{channel, incoming, Clients, EtcdService, ETCD_PORT};
-use crate::{CompactionTask, SimConfig, SimStore};
+use crate::fault::{Fault, FaultKind};
+use crate::history::{Happening, History, Incarnation};
+use crate::node::{self, NodeContext};
+use crate::recorder::Recorder;
+use crate::scenario::Scenario;
+use coord_sim::grpc::{channel, incoming, Clients, EtcdService, ETCD_PORT};
+use coord_sim::{CompactionTask, SimConfig, SimStore};
 
 const ETCD: &str = "etcd";
 

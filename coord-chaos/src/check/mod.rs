@@ -8,9 +8,9 @@ mod safety;
 use std::fmt;
 use std::time::Duration;
 
-use super::history::History;
-use super::scenario::Scenario;
-use super::truth::Truth;
+use crate::history::History;
+use crate::scenario::Scenario;
+use crate::truth::Truth;
 use beliefs::Beliefs;
 
 /// A broken invariant: which, when, who, and the events that show it.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::history::{Happening, History, Record};
+use crate::history::{Happening, History, Record};
 
 /// Where simulated time comes from.
 #[derive(Debug, Clone, Copy)]

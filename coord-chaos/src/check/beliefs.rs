@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use coord_api::LeaseId;
 
-use crate::chaos::fault::{Fault, FaultKind};
-use crate::chaos::history::{Happening, History, Incarnation};
+use crate::fault::{Fault, FaultKind};
+use crate::history::{Happening, History, Incarnation};
 
 /// A leadership belief.
 #[derive(Debug, Clone)]

@@ -10,12 +10,12 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::fault::{Fault, FaultKind};
-use super::history::{Happening, History, Incarnation};
-use super::node::{self, NodeContext};
-use super::recorder::Recorder;
-use super::scenario::Scenario;
-use crate::{SimConfig, SimStore};
+use crate::fault::{Fault, FaultKind};
+use crate::history::{Happening, History, Incarnation};
+use crate::node::{self, NodeContext};
+use crate::recorder::Recorder;
+use crate::scenario::Scenario;
+use coord_sim::{SimConfig, SimStore};
 
 /// Runs `scenario` with `faults` from `seed` in virtual time, and returns its history.
 ///
@@ -59,7 +59,7 @@ struct Cluster {
     slots: Mutex<Vec<Slot>>,
     store_crashes: Mutex<u32>,
     /// Compaction storms under way; dropping one stops it.
-    storms: Mutex<Vec<(Fault, crate::CompactionTask)>>,
+    storms: Mutex<Vec<(Fault, coord_sim::CompactionTask)>>,
 }
 
 impl Cluster {

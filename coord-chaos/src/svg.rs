@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::Duration;
 
-use super::history::{Happening, History};
-use super::scenario::Scenario;
+use crate::history::{Happening, History};
+use crate::scenario::Scenario;
 
 const LANE: f64 = 22.0;
 const LEFT: f64 = 70.0;

@@ -1,6 +1,7 @@
-//! Chaos: the recipes under injected faults in virtual time, checked over their history.
+//! `coord-chaos`: the coord recipes under injected faults in virtual time, checked over their
+//! history.
 //!
-//! A run builds one [`SimStore`](crate::SimStore) and `hosts` nodes, each a client of its own
+//! A run builds one [`SimStore`](coord_sim::SimStore) and `hosts` nodes, each a client of its own
 //! (so faults hit one node's link), each running the real recipes: a [`HostRegistration`],
 //! an [`ElectionPool`] campaigning in every election and acting as leader through the fence,
 //! and on the first nodes a [`ClusterWatcher`]. A schedule of faults drawn from the seed
@@ -9,7 +10,7 @@
 //! [`check`] holds to the invariants of RELIABILITY.md.
 //!
 //! ```
-//! use coord_sim::chaos::{check, schedule, simulate, Rng, Scenario};
+//! use coord_chaos::{check, schedule, simulate, Rng, Scenario};
 //!
 //! let mut scenario = Scenario::default();
 //! scenario.duration = std::time::Duration::from_secs(40);

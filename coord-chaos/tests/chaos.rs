@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use coord_sim::chaos::{check, schedule, simulate, Fault, FaultKind, Rng, Scenario};
+use coord_chaos::{check, schedule, simulate, Fault, FaultKind, Rng, Scenario};
 use proptest::prelude::*;
 
 fn env(name: &str, default: u32) -> u32 {
@@ -94,7 +94,7 @@ fn seeded_runs_of_the_default_scenario_hold_every_invariant() {
         let violations = check(&scenario, &history);
         if !violations.is_empty() {
             failures.push(format!(
-                "seed {seed} (replay: cargo run -p coord-sim --bin chaos -- --seed {seed}):\n{}",
+                "seed {seed} (replay: cargo run -p coord-chaos --bin chaos -- --seed {seed}):\n{}",
                 violations
                     .iter()
                     .map(|v| format!("  {v}"))
@@ -124,7 +124,7 @@ fn lone_network_blips_are_ridden_through() {
         let violations = check(&scenario, &simulate(&scenario, seed, &faults));
         assert!(
             violations.is_empty(),
-            "seed {seed} (replay: cargo run -p coord-sim --bin chaos -- --faults partition,one-way,hold --rate 3 --seed {seed}):\n{}",
+            "seed {seed} (replay: cargo run -p coord-chaos --bin chaos -- --faults partition,one-way,hold --rate 3 --seed {seed}):\n{}",
             violations.iter().map(|v| format!("  {v}")).collect::<Vec<_>>().join("\n")
         );
     }
@@ -159,10 +159,10 @@ fn a_quiet_run_records_what_the_checkers_check() {
     let mut scenario = small();
     scenario.fault_kinds.clear();
     let history = simulate(&scenario, 9, &[]);
-    let count = |f: fn(&coord_sim::chaos::Happening) -> bool| {
+    let count = |f: fn(&coord_chaos::Happening) -> bool| {
         history.records.iter().filter(|r| f(&r.what)).count()
     };
-    use coord_sim::chaos::Happening as H;
+    use coord_chaos::Happening as H;
     assert!(count(|h| matches!(h, H::LeaderStart { .. })) >= scenario.elections);
     assert!(count(|h| matches!(h, H::Registered(..))) >= scenario.hosts);
     assert!(count(|h| matches!(h, H::View { .. })) >= scenario.watchers);

@@ -3,9 +3,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Ctx, Violation};
-use crate::chaos::fault::FaultKind;
-use crate::chaos::history::{Emitted, Happening, Incarnation};
-use crate::journal::Origin;
+use crate::fault::FaultKind;
+use crate::history::{Emitted, Happening, Incarnation};
+use coord_sim::journal::Origin;
 
 pub(super) fn check(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
     s1_fenced_exclusivity(ctx, out);
@@ -169,8 +169,7 @@ fn s3_no_phantom_leadership(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
         // session deadline otherwise.
         let deleted = ctx.truth.deletions.iter().find(|d| {
             d.create_revision == l.token
-                && d.key
-                    .starts_with(&crate::chaos::node::election_name(l.election))
+                && d.key.starts_with(&crate::node::election_name(l.election))
         });
         if let Some(d) = deleted {
             let faulty = ctx.beliefs.fault_near(
@@ -391,7 +390,7 @@ fn s6_no_foreign_deletes(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
 fn s7_single_registration(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
     let bound = ctx.scenario.ttl + ctx.rtt();
     for span in &ctx.truth.key_spans {
-        let Some(host) = span.key.strip_prefix(crate::chaos::node::HOSTS) else {
+        let Some(host) = span.key.strip_prefix(crate::node::HOSTS) else {
             continue;
         };
         let Some(owner) = ctx.truth.granted_by(span.lease) else {

@@ -4,7 +4,7 @@
 //! in, all off); this test switches them on one at a time, process-wide, so it is one test.
 
 use coord_api::planted::{self, Bug};
-use coord_sim::chaos::{check, schedule, simulate, Rng, Scenario};
+use coord_chaos::{check, schedule, simulate, Rng, Scenario};
 
 /// Seeds tried per bug before declaring it missed. Measured catch rates are 35-100 % per
 /// seed (see the note of the chaos issue), so a miss here is a checker that lost its teeth,
