@@ -311,6 +311,38 @@ async fn truth(store: &Arc<DynKvLeaseStore>, prefix: &str) -> BTreeMap<String, B
         .collect()
 }
 
+/// The watcher's promise to a consumer that reads the view when it gets an event: the view
+/// already holds the event's change.
+fn assert_view_holds(e: &ClusterEvent, seen: &coord_api::recipes::ClusterView) {
+    match e {
+        ClusterEvent::HostUp {
+            host,
+            metadata,
+            revision,
+        }
+        | ClusterEvent::HostUpdated {
+            host,
+            metadata,
+            revision,
+        } => {
+            assert_eq!(
+                seen.hosts.get(host),
+                Some(metadata),
+                "{e:?} emitted before the view held it: {seen:?}"
+            );
+            assert!(seen.revision >= *revision, "{e:?} newer than {seen:?}");
+        }
+        ClusterEvent::HostDown { host, revision, .. } => {
+            assert!(
+                !seen.hosts.contains_key(host),
+                "{e:?} emitted before the view dropped it: {seen:?}"
+            );
+            assert!(seen.revision >= *revision, "{e:?} newer than {seen:?}");
+        }
+        ClusterEvent::Resynced { revision } => assert!(seen.revision >= *revision),
+    }
+}
+
 /// Reads events until the applied view equals the store's, within a bound.
 async fn converge(
     fx: &dyn Fixture,
@@ -324,6 +356,7 @@ async fn converge(
         while *view != want {
             let e = w.next().await.expect("watcher running");
             apply(view, &e);
+            assert_view_holds(&e, &w.view());
         }
     })
     .await;
@@ -470,6 +503,43 @@ pub(crate) async fn watcher_view_already_holds_each_event_it_emits(fx: &dyn Fixt
         assert!(view.hosts.contains_key(&host), "{host} not in the view yet");
         assert!(view.revision >= revision);
     }
+}
+
+/// After a re-list too (compaction overtook the watcher), whoever reads an event and then the
+/// view finds the event's change in it. A buffer of one makes the watcher wait for the
+/// consumer between two events, so the consumer reads the view in the middle of a re-list's
+/// emissions even on one thread.
+pub(crate) async fn watcher_view_already_holds_each_event_of_a_relist(fx: &dyn Fixture) {
+    let store = fx.store();
+    let client = fx.client().await;
+    for h in ["a", "b", "c"] {
+        store.put_value(format!("r/{h}"), "1").await.unwrap();
+    }
+    let mut config = ClusterWatcherConfig::new("r/");
+    config.buffer = 1;
+    let mut w = ClusterWatcher::start(client.store.clone(), config)
+        .await
+        .unwrap();
+    let mut view = BTreeMap::new();
+    converge(fx, &mut w, &mut view, &store, "r/").await;
+    client.cut_off(true);
+    client.close_streams().await;
+    store.delete_key("r/a").await.unwrap();
+    store.put_value("r/b", "2").await.unwrap();
+    store.put_value("r/d", "1").await.unwrap();
+    store.put_value("r/e", "1").await.unwrap();
+    let rev = store.current_revision().await.unwrap();
+    store.compact(rev).await.unwrap();
+    client.cut_off(false);
+    let want = truth(&store, "r/").await;
+    within(prompt(fx) * 5, "the re-list's events", async {
+        while view != want {
+            let e = w.next().await.expect("watcher running");
+            apply(&mut view, &e);
+            assert_view_holds(&e, &w.view());
+        }
+    })
+    .await;
 }
 
 // ---- Election -----------------------------------------------------------------------------

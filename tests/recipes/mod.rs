@@ -27,6 +27,7 @@ macro_rules! recipe_tests {
             watcher_stream_ends_when_stopped_or_dropped,
             watcher_starts_on_more_hosts_than_its_buffer,
             watcher_view_already_holds_each_event_it_emits,
+            watcher_view_already_holds_each_event_of_a_relist,
             campaign_cancelled_by_a_timeout_says_so_and_leaves_no_key,
             a_crashed_leaders_successor_wins_within_one_ttl,
             no_phantom_leadership_when_the_candidates_lease_dies_while_waiting,

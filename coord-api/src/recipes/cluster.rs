@@ -286,44 +286,41 @@ impl Worker {
         self.view_tx.send_replace(Arc::new(self.view.clone()));
     }
 
-    /// Emits the difference between the view and a listing, and adopts the listing.
-    async fn apply_listing(&mut self, (revision, hosts): Listing, resync: bool) {
-        let old = std::mem::take(&mut self.view.hosts);
-        for (host, md) in &old {
-            if !hosts.contains_key(host) {
-                self.emit(ClusterEvent::HostDown {
+    /// Adopts a listing, then emits the difference between the old view and it.
+    async fn apply_listing(&mut self, (revision, hosts): Listing) {
+        let old = std::mem::replace(&mut self.view, ClusterView { revision, hosts });
+        let new = &self.view.hosts;
+        let mut out = Vec::new();
+        for (host, md) in &old.hosts {
+            if !new.contains_key(host) {
+                out.push(ClusterEvent::HostDown {
                     host: host.clone(),
                     last_metadata: md.clone(),
                     revision,
-                })
-                .await;
+                });
             }
         }
-        for (host, md) in &hosts {
-            match old.get(host) {
-                None => {
-                    self.emit(ClusterEvent::HostUp {
-                        host: host.clone(),
-                        metadata: md.clone(),
-                        revision,
-                    })
-                    .await
-                }
-                Some(prev) if prev != md => {
-                    self.emit(ClusterEvent::HostUpdated {
-                        host: host.clone(),
-                        metadata: md.clone(),
-                        revision,
-                    })
-                    .await
-                }
+        for (host, md) in new {
+            match old.hosts.get(host) {
+                None => out.push(ClusterEvent::HostUp {
+                    host: host.clone(),
+                    metadata: md.clone(),
+                    revision,
+                }),
+                Some(prev) if prev != md => out.push(ClusterEvent::HostUpdated {
+                    host: host.clone(),
+                    metadata: md.clone(),
+                    revision,
+                }),
                 Some(_) => {}
             }
         }
-        self.view = ClusterView { revision, hosts };
+        out.push(ClusterEvent::Resynced { revision });
+        // The view first, then the events it explains: a consumer that reads an event and
+        // then the view finds the event in it (the emits below may wait for the consumer).
         self.publish();
-        if resync {
-            self.emit(ClusterEvent::Resynced { revision }).await;
+        for e in out {
+            self.emit(e).await;
         }
     }
 
@@ -379,7 +376,7 @@ impl Worker {
                 };
                 match listed {
                     Ok(l) if l.0 >= self.view.revision => {
-                        self.apply_listing(l, true).await;
+                        self.apply_listing(l).await;
                         from = self.view.revision + 1;
                         tracing::info!(
                             revision = self.view.revision,
