@@ -24,7 +24,11 @@ impl Control for SimControl {
     }
 
     fn cut_off(&self, on: bool) {
-        self.0.set_cut_off(on);
+        if on {
+            self.0.partition();
+        } else {
+            self.0.repair();
+        }
     }
 }
 

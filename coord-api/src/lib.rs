@@ -63,6 +63,7 @@ pub mod planted;
 pub mod recipes;
 mod request;
 mod store;
+pub mod sync;
 mod types;
 pub mod validate;
 

@@ -111,22 +111,22 @@ impl Cluster {
             FaultKind::Partition => {
                 let mut slots = self.slots();
                 slots[n].cuts += 1;
-                slots[n].client.set_cut_off(true);
+                link(&slots[n].client).cut(true);
             }
             FaultKind::OneWay => {
                 let mut slots = self.slots();
                 slots[n].deaf += 1;
-                slots[n].client.set_deaf(true);
+                link(&slots[n].client).deaf(true);
             }
             FaultKind::Hold => {
                 let mut slots = self.slots();
                 slots[n].holds += 1;
-                slots[n].client.set_held(true);
+                link(&slots[n].client).held(true);
             }
             FaultKind::Pause => {
                 let mut slots = self.slots();
                 slots[n].holds += 1;
-                slots[n].client.set_held(true);
+                link(&slots[n].client).held(true);
                 slots[n].paused.send_replace(true);
             }
             FaultKind::Latency => self.slots()[n].client.set_latency(f.added_latency()),
@@ -164,19 +164,19 @@ impl Cluster {
                 let mut slots = self.slots();
                 slots[n].cuts -= 1;
                 let cut = slots[n].cuts > 0 || slots[n].crashed;
-                slots[n].client.set_cut_off(cut);
+                link(&slots[n].client).cut(cut);
             }
             FaultKind::OneWay => {
                 let mut slots = self.slots();
                 slots[n].deaf -= 1;
                 let deaf = slots[n].deaf > 0;
-                slots[n].client.set_deaf(deaf);
+                link(&slots[n].client).deaf(deaf);
             }
             FaultKind::Hold | FaultKind::Pause => {
                 let mut slots = self.slots();
                 slots[n].holds -= 1;
                 let held = slots[n].holds > 0;
-                slots[n].client.set_held(held);
+                link(&slots[n].client).held(held);
                 if f.kind == FaultKind::Pause {
                     slots[n].paused.send_replace(false);
                 }
@@ -231,7 +231,7 @@ impl Cluster {
             return;
         }
         slot.crashed = true;
-        slot.client.set_cut_off(true);
+        link(&slot.client).cut(true);
         if let Some(task) = slot.task.take() {
             task.abort();
         }
@@ -262,9 +262,9 @@ impl Cluster {
         fresh.cuts = old.cuts;
         fresh.deaf = old.deaf;
         fresh.holds = old.holds;
-        fresh.client.set_cut_off(fresh.cuts > 0);
-        fresh.client.set_deaf(fresh.deaf > 0);
-        fresh.client.set_held(fresh.holds > 0);
+        link(&fresh.client).cut(fresh.cuts > 0);
+        link(&fresh.client).deaf(fresh.deaf > 0);
+        link(&fresh.client).held(fresh.holds > 0);
         fresh.paused.send_replace(*old.paused.borrow());
         std::mem::replace(&mut slots[n], fresh)
     }
@@ -339,10 +339,43 @@ async fn drive(scenario: Arc<Scenario>, seed: u64, faults: Vec<Fault>) -> Histor
     // The end of the run: stop every node where it stands (no more history).
     let history = rec.take();
     for slot in cluster.slots().iter_mut() {
-        slot.client.set_cut_off(true);
+        link(&slot.client).cut(true);
         if let Some(t) = slot.task.take() {
             t.abort();
         }
     }
     history
+}
+
+/// The link faults of one client, as switches.
+struct Switches<'a>(&'a SimStore);
+
+fn link(client: &SimStore) -> Switches<'_> {
+    Switches(client)
+}
+
+impl Switches<'_> {
+    fn cut(&self, on: bool) {
+        if on {
+            self.0.partition()
+        } else {
+            self.0.repair()
+        }
+    }
+
+    fn deaf(&self, on: bool) {
+        if on {
+            self.0.partition_oneway()
+        } else {
+            self.0.repair_oneway()
+        }
+    }
+
+    fn held(&self, on: bool) {
+        if on {
+            self.0.hold()
+        } else {
+            self.0.release()
+        }
+    }
 }

@@ -27,9 +27,11 @@
 //! # Faults
 //!
 //! In process, without a simulated network. Per client ([`SimStore::connect`] makes one):
-//! [`SimStore::set_cut_off`] (a partition both ways), [`SimStore::set_deaf`] (one way: requests
-//! apply, replies are lost), [`SimStore::set_held`] (messages stall until released),
-//! [`SimStore::set_latency`], [`SimStore::lose_replies`]. Store-wide:
+//! [`SimStore::partition`] and [`SimStore::repair`] (both ways: requests and replies vanish),
+//! [`SimStore::partition_oneway`] and [`SimStore::repair_oneway`] (requests apply, replies
+//! vanish), [`SimStore::hold`] and [`SimStore::release`] (messages stall until released),
+//! [`SimStore::set_latency`] (requests arrive late), [`SimStore::set_reply_latency`] (replies
+//! and watch deliveries come back late), [`SimStore::lose_replies`]. Store-wide:
 //! [`SimStore::close_streams`], [`SimStore::leader_change`] (streams close, leases refreshed as a
 //! new etcd leader does), [`SimStore::crash`] and [`SimStore::restart`],
 //! [`SimStore::compact_every`]; and the trait itself revokes leases, deletes keys and compacts

@@ -1,22 +1,22 @@
 //! One client's connection to a [`SimStore`](crate::SimStore), and the network faults set on
-//! it: cut off (a partition), held (messages stall until released), deaf (requests arrive,
-//! replies are lost: a one-way partition), latency and lost replies.
+//! it. A call crosses it twice: the request on its way to the store, the reply on its way
+//! back. Each leg takes its latency and can stall (held) or vanish (partitioned both ways;
+//! one way, only replies vanish), as turmoil's links do.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use coord_api::{Error, Result};
-use tokio::sync::watch;
+use coord_api::sync::watch;
 
 /// The link's fault state; streams and calls wait on its changes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct LinkState {
-    /// Partitioned both ways: calls fail fast, streams stall, then die.
+    /// Partitioned both ways: requests and replies vanish; streams stall, then die.
     pub(crate) cut: bool,
-    /// Requests reach the store, replies do not: calls apply and then time out, streams
-    /// stall, then die.
+    /// Partitioned one way, store to client: requests arrive and apply, replies vanish;
+    /// streams stall, then die.
     pub(crate) deaf: bool,
-    /// Everything stalls until released; nothing is lost.
+    /// Every message stalls until released; nothing is lost.
     pub(crate) held: bool,
     /// Bumped whenever the connection breaks (cut or deaf): streams opened before are dead.
     pub(crate) generation: u64,
@@ -29,6 +29,13 @@ impl LinkState {
     }
 }
 
+/// Whether a message got across.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Leg {
+    Delivered,
+    Lost,
+}
+
 /// A client's link. Clones of a `SimStore` handle share it.
 #[derive(Debug)]
 pub(crate) struct Link {
@@ -37,8 +44,14 @@ pub(crate) struct Link {
     state: watch::Sender<LinkState>,
     /// How many of the client's next writes lose their reply.
     lost_replies: AtomicU32,
-    /// Extra time every call of the client takes, in nanoseconds.
+    /// Extra time each request takes to reach the store, in nanoseconds.
     latency_ns: AtomicU64,
+    /// Extra time each reply (and stream delivery) takes to come back, in nanoseconds.
+    reply_latency_ns: AtomicU64,
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Link {
@@ -48,11 +61,12 @@ impl Link {
             state: watch::Sender::new(LinkState::default()),
             lost_replies: AtomicU32::new(0),
             latency_ns: AtomicU64::new(0),
+            reply_latency_ns: AtomicU64::new(0),
         }
     }
 
     pub(crate) fn state(&self) -> LinkState {
-        *self.state.borrow()
+        self.state.get()
     }
 
     pub(crate) fn subscribe(&self) -> watch::Receiver<LinkState> {
@@ -61,12 +75,13 @@ impl Link {
 
     /// Changes the fault state; entering a cut or deaf state breaks the connection.
     pub(crate) fn update(&self, change: impl FnOnce(&mut LinkState)) {
-        self.state.send_modify(|s| {
-            let before = s.cut || s.deaf;
+        self.state.send_if_modified(|s| {
+            let before = *s;
             change(s);
-            if !before && (s.cut || s.deaf) {
+            if !(before.cut || before.deaf) && (s.cut || s.deaf) {
                 s.generation += 1;
             }
+            *s != before
         });
     }
 
@@ -75,61 +90,74 @@ impl Link {
     }
 
     pub(crate) fn set_latency(&self, latency: Duration) {
-        let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
-        self.latency_ns.store(ns, Ordering::SeqCst);
+        self.latency_ns.store(nanos(latency), Ordering::SeqCst);
     }
 
-    /// The way to the store: waits while held, takes the latency, fails when cut off.
-    /// Returns whether the reply will be lost (the link is deaf).
-    pub(crate) async fn travel(
-        &self,
-        base_latency: Duration,
-        operation: &'static str,
-    ) -> Result<bool> {
+    pub(crate) fn set_reply_latency(&self, latency: Duration) {
+        self.reply_latency_ns
+            .store(nanos(latency), Ordering::SeqCst);
+    }
+
+    /// Waits while the link is held.
+    async fn pass_hold(&self) {
         let mut rx = self.subscribe();
-        while rx.borrow_and_update().held {
-            if rx.changed().await.is_err() {
-                break;
-            }
-        }
-        let latency = base_latency + Duration::from_nanos(self.latency_ns.load(Ordering::SeqCst));
+        // The sender lives as long as the link, which outlives this call.
+        let _ = rx.wait_for(|s| !s.held).await;
+    }
+
+    /// The request's way to the store: held while the link is, then `base` plus the client's
+    /// latency. Lost when the link is cut as it arrives.
+    pub(crate) async fn request(&self, base: Duration) -> Leg {
+        self.pass_hold().await;
+        let latency = base + Duration::from_nanos(self.latency_ns.load(Ordering::SeqCst));
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
-        let state = self.state();
-        if state.cut {
-            return Err(Error::Unavailable {
-                backend: "sim",
-                operation,
-                source: "this client is cut off from the simulated store".into(),
-            });
+        if self.state().cut {
+            Leg::Lost
+        } else {
+            Leg::Delivered
         }
-        Ok(state.deaf)
+    }
+
+    /// The reply's way back: held while the link is, then `base` plus the client's reply
+    /// latency. Lost when the link is cut or deaf as it arrives, or when a lost reply is due
+    /// (writes only).
+    pub(crate) async fn reply(&self, base: Duration, write: bool) -> Leg {
+        self.pass_hold().await;
+        let latency = base + Duration::from_nanos(self.reply_latency_ns.load(Ordering::SeqCst));
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        let s = self.state();
+        if s.cut || s.deaf || (write && self.take_lost_reply()) {
+            Leg::Lost
+        } else {
+            Leg::Delivered
+        }
+    }
+
+    /// How long a stream delivery takes on top of the store's base latency.
+    pub(crate) fn reply_latency(&self) -> Duration {
+        Duration::from_nanos(self.reply_latency_ns.load(Ordering::SeqCst))
     }
 
     /// Takes one lost reply, if one is due.
-    pub(crate) fn take_lost_reply(&self) -> bool {
+    fn take_lost_reply(&self) -> bool {
         self.lost_replies
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok()
     }
 
     /// Waits until a stream opened under `generation` may deliver: `Ok` when it can, `Err`
-    /// when its connection broke meanwhile (it must end with `StreamClosed`).
+    /// when its connection broke meanwhile (it must end with `StreamClosed`). A broken stream
+    /// stalls until the link flows again and only then dies, as a TCP connection across a
+    /// partition does: its client learns of it when it is replaced.
     pub(crate) async fn wait_flowing(&self, generation: u64) -> std::result::Result<(), ()> {
         let mut rx = self.subscribe();
-        loop {
-            let s = *rx.borrow_and_update();
-            if s.flowing() {
-                return if s.generation == generation {
-                    Ok(())
-                } else {
-                    Err(())
-                };
-            }
-            if rx.changed().await.is_err() {
-                return Err(());
-            }
+        match rx.wait_for(LinkState::flowing).await {
+            Ok(s) if s.generation == generation => Ok(()),
+            _ => Err(()),
         }
     }
 }

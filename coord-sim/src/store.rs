@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
 use crate::journal::{Entry, Origin};
-use crate::link::Link;
+use crate::link::{Leg, Link};
 use crate::state::{State, WatchId};
 
 /// How a [`SimStore`] behaves where etcd's behaviour depends on its configuration.
@@ -32,8 +32,9 @@ pub struct SimConfig {
     /// How often watches that start in the past are caught up (etcd: 100 ms). Until then
     /// they deliver nothing, and a compaction can end them.
     pub watch_sync_interval: Duration,
-    /// Fault: every call waits this long before it reaches the store (a round trip), so
-    /// operations take time and interleave as they do over a network. Zero by default.
+    /// The one-way latency of every message: a request takes it to reach the store, its reply
+    /// takes it again to come back, and so does each watch delivery; so operations take time
+    /// and interleave as they do over a network. Zero by default.
     pub latency: Duration,
     /// Reproduce etcd 3.4's etcd#19179: a watch from the compaction revision misses the
     /// deletes made at that revision. On by default (the project runs etcd 3.4); turn it off
@@ -79,7 +80,7 @@ impl SimConfig {
         self
     }
 
-    /// Make every call take `latency` before it reaches the store.
+    /// Make every message take `latency` one way (a call: twice that).
     pub fn with_latency(mut self, latency: Duration) -> Self {
         self.latency = latency;
         self
@@ -367,86 +368,121 @@ impl SimStore {
         CompactionTask(task)
     }
 
-    /// The reply to a call that reached the store: lost when the link is deaf (after the
-    /// request timeout) or a lost reply is due (a write only). The operation happened either
-    /// way; the caller learns nothing.
-    async fn reply<T>(
+    /// One call over this client's link: the request's way to the store, `apply` there if
+    /// it arrived, and the reply's way back. A request or reply that vanishes (a partition,
+    /// a lost reply) fails the call once the request timeout, counted from the send, has
+    /// passed: a read with `Unavailable`, a write with `Indeterminate` (it may have applied).
+    async fn call<T>(
         &self,
         operation: &'static str,
-        deaf: bool,
         write: bool,
-        result: Result<T>,
+        apply: impl FnOnce(&Self) -> Result<T>,
     ) -> Result<T> {
-        if deaf {
-            tokio::time::sleep(self.shared.config.request_timeout).await;
-        }
-        if deaf || (write && self.link.take_lost_reply()) {
-            let source = "the simulator lost the reply (the request was applied)".into();
-            return Err(if write {
-                coord_api::Error::Indeterminate {
+        let sent = Instant::now();
+        let base = self.shared.config.latency;
+        if self.link.request(base).await == Leg::Delivered {
+            if self.is_down() {
+                return Err(coord_api::Error::Unavailable {
                     backend: "sim",
                     operation,
-                    source,
-                }
+                    source: "the simulated store is down (connection refused)".into(),
+                });
+            }
+            let result = apply(self);
+            if self.link.reply(base, write).await == Leg::Delivered {
+                return result;
+            }
+        }
+        tokio::time::sleep_until(sent + self.shared.config.request_timeout).await;
+        let source = format!(
+            "no reply within {:?} (the simulated link lost the {})",
+            self.shared.config.request_timeout,
+            if write {
+                "request or its reply; it may have applied"
             } else {
-                coord_api::Error::Unavailable {
-                    backend: "sim",
-                    operation,
-                    source,
-                }
-            });
-        }
-        result
+                "request or its reply"
+            }
+        )
+        .into();
+        Err(if write {
+            coord_api::Error::Indeterminate {
+                backend: "sim",
+                operation,
+                source,
+            }
+        } else {
+            coord_api::Error::Unavailable {
+                backend: "sim",
+                operation,
+                source,
+            }
+        })
     }
 
-    /// Fault: cuts this client off from the store, both ways (or repairs it). While cut off,
-    /// every call and renewal through this handle (and its clones) fails with `Unavailable`
-    /// and changes nothing, and its watch streams deliver nothing; on repair those streams
-    /// end with `StreamClosed` (the connection died). The store, its leases' clocks and other
-    /// clients go on.
-    pub fn set_cut_off(&self, cut: bool) {
-        self.link.update(|s| s.cut = cut);
+    /// Fault: partitions this client from the store, both ways, until [`repair`]: requests
+    /// and replies vanish, so every call through this handle (and its clones) fails after
+    /// [`SimConfig::request_timeout`] having changed nothing (unless the request got across
+    /// before), and its watch streams deliver nothing, then end with `StreamClosed` once the
+    /// link is repaired (the connection died). The store, its leases' clocks and other clients
+    /// go on.
+    ///
+    /// [`repair`]: Self::repair
+    pub fn partition(&self) {
+        self.link.update(|s| s.cut = true);
     }
 
-    /// Fault: a one-way partition, store to client (or its repair). Requests still reach the
-    /// store and apply, but no reply comes back: each call fails after
+    /// Repairs [`partition`](Self::partition).
+    pub fn repair(&self) {
+        self.link.update(|s| s.cut = false);
+    }
+
+    /// Fault: a one-way partition, store to client, until [`repair_oneway`]: requests still
+    /// reach the store and apply, but replies vanish, so each call fails after
     /// [`SimConfig::request_timeout`] (writes with `Indeterminate`), renewals renew the lease
-    /// without the client learning it, and watch streams stall, then end on repair.
-    pub fn set_deaf(&self, deaf: bool) {
-        self.link.update(|s| s.deaf = deaf);
+    /// without the client learning it, and watch streams stall, then end once repaired.
+    ///
+    /// [`repair_oneway`]: Self::repair_oneway
+    pub fn partition_oneway(&self) {
+        self.link.update(|s| s.deaf = true);
     }
 
-    /// Fault: holds every message of this client (calls, renewals, watch deliveries) until
-    /// released with `false`; then they all go through, nothing lost (turmoil's hold).
-    pub fn set_held(&self, held: bool) {
-        self.link.update(|s| s.held = held);
+    /// Repairs [`partition_oneway`](Self::partition_oneway).
+    pub fn repair_oneway(&self) {
+        self.link.update(|s| s.deaf = false);
     }
 
-    /// Fault: every call of this client (and its clones) takes `latency` more before it
-    /// reaches the store, on top of [`SimConfig::latency`]; other clients are not slowed.
+    /// Fault: holds every message of this client, both ways (calls, their replies, renewals,
+    /// watch deliveries), until [`release`](Self::release); then they all go through, nothing
+    /// lost (turmoil's hold).
+    pub fn hold(&self) {
+        self.link.update(|s| s.held = true);
+    }
+
+    /// Releases [`hold`](Self::hold).
+    pub fn release(&self) {
+        self.link.update(|s| s.held = false);
+    }
+
+    /// Fault: every request of this client (and its clones) takes `latency` more to reach the
+    /// store, on top of [`SimConfig::latency`]; other clients are not slowed.
     pub fn set_latency(&self, latency: Duration) {
         self.link.set_latency(latency);
     }
 
-    /// The way to the store: the link's faults, then the store's. Returns whether the
-    /// reply will be lost.
-    async fn travel(&self, operation: &'static str) -> Result<bool> {
-        let deaf = self
-            .link
-            .travel(self.shared.config.latency, operation)
-            .await?;
-        if self.is_down() {
-            return Err(coord_api::Error::Unavailable {
-                backend: "sim",
-                operation,
-                source: "the simulated store is down (connection refused)".into(),
-            });
-        }
-        Ok(deaf)
+    /// Fault: every reply to this client, and every watch delivery, takes `latency` more to
+    /// come back, on top of [`SimConfig::latency`]: requests apply on time, their callers
+    /// learn of it late (a slow but successful reply).
+    pub fn set_reply_latency(&self, latency: Duration) {
+        self.link.set_reply_latency(latency);
     }
 
     fn origin(&self) -> Origin {
         Origin::Client(self.link.id)
+    }
+
+    /// Runs one operation on the state as this client.
+    fn apply<T>(&self, op: impl FnOnce(&mut State, Instant) -> T) -> T {
+        self.shared.apply(self.origin(), op)
     }
 
     /// The configuration the store runs with.
@@ -569,58 +605,50 @@ impl KvLeaseStore for SimStore {
     }
 
     async fn get(&self, req: GetRequest) -> Result<GetResponse> {
-        let deaf = self.travel("get").await?;
         validate::get(&req)?;
-        let r = self.shared.apply(self.origin(), |s, now| s.get(now, &req));
-        self.reply("get", deaf, false, r).await
+        self.call("get", false, |c| c.apply(|s, now| s.get(now, &req)))
+            .await
     }
 
     async fn put(&self, req: PutRequest) -> Result<PutResponse> {
-        let deaf = self.travel("put").await?;
         validate::put(&req, self.limits_ref())?;
-        let r = self.shared.apply(self.origin(), |s, now| s.put(now, &req));
-        self.reply("put", deaf, true, r).await
+        self.call("put", true, |c| c.apply(|s, now| s.put(now, &req)))
+            .await
     }
 
     async fn delete(&self, req: DeleteRequest) -> Result<DeleteResponse> {
-        let deaf = self.travel("delete").await?;
         validate::delete(&req)?;
-        let r = self
-            .shared
-            .apply(self.origin(), |s, now| s.delete(now, &req));
-        self.reply("delete", deaf, true, r).await
+        self.call("delete", true, |c| c.apply(|s, now| s.delete(now, &req)))
+            .await
     }
 
     async fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
-        let deaf = self.travel("txn").await?;
         validate::txn(&req, self.limits_ref())?;
-        let r = self.shared.apply(self.origin(), |s, now| s.txn(now, &req));
-        self.reply("txn", deaf, true, r).await
+        self.call("txn", true, |c| c.apply(|s, now| s.txn(now, &req)))
+            .await
     }
 
     async fn grant(&self, ttl: Duration) -> Result<LeaseGrant> {
-        let deaf = self.travel("grant").await?;
         validate::ttl(ttl, self.limits_ref())?;
         let ttl = validate::granted_ttl(ttl, self.limits_ref());
-        let grant = self.shared.apply(self.origin(), |s, now| s.grant(now, ttl));
-        self.shared.deadlines_changed.notify_one();
-        self.reply("grant", deaf, true, Ok(grant)).await
+        self.call("grant", true, |c| {
+            let grant = c.apply(|s, now| s.grant(now, ttl));
+            c.shared.deadlines_changed.notify_one();
+            Ok(grant)
+        })
+        .await
     }
 
     async fn revoke(&self, lease: LeaseId) -> Result<i64> {
-        let deaf = self.travel("revoke").await?;
-        let r = self
-            .shared
-            .apply(self.origin(), |s, now| s.revoke(now, lease));
-        self.reply("revoke", deaf, true, r).await
+        self.call("revoke", true, |c| c.apply(|s, now| s.revoke(now, lease)))
+            .await
     }
 
     async fn time_to_live(&self, lease: LeaseId) -> Result<LeaseTimeToLive> {
-        let deaf = self.travel("time-to-live").await?;
-        let r = self
-            .shared
-            .apply(self.origin(), |s, now| s.time_to_live(now, lease));
-        self.reply("time-to-live", deaf, false, r).await
+        self.call("time-to-live", false, |c| {
+            c.apply(|s, now| s.time_to_live(now, lease))
+        })
+        .await
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<Box<dyn KeepAlive>> {
@@ -633,39 +661,38 @@ impl KvLeaseStore for SimStore {
     }
 
     async fn watch(&self, req: WatchRequest) -> Result<WatchStream> {
-        let deaf = self.travel("watch").await?;
         validate::watch(&req)?;
-        if deaf {
-            // The create request arrives, its confirmation never does: the client times out.
-            self.reply("watch", true, false, Ok(())).await?;
-        }
-        let generation = self.link.state().generation;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let id = {
-            let mut inner = self.shared.lock();
-            let id = inner.state.watch(Instant::now(), &req);
-            inner.sinks.insert(id, tx);
-            Shared::deliver(&mut inner);
-            id
-        };
-        // It may need catching up: let the background task see it.
-        self.shared.deadlines_changed.notify_one();
-        let progress = req
-            .progress_notify
-            .then_some(self.limits_ref().progress_notify_interval);
-        let link = StreamLink {
-            link: self.link.clone(),
-            generation,
-        };
-        Ok(watch_stream(self.shared.clone(), id, rx, progress, link))
+        // A confirmation that never comes back drops the stream, which cancels the watch.
+        self.call("watch", false, |c| {
+            let generation = c.link.state().generation;
+            let (tx, rx) = mpsc::unbounded_channel();
+            let id = {
+                let mut inner = c.shared.lock();
+                let id = inner.state.watch(Instant::now(), &req);
+                inner.sinks.insert(id, tx);
+                Shared::deliver(&mut inner);
+                id
+            };
+            // It may need catching up: let the background task see it.
+            c.shared.deadlines_changed.notify_one();
+            let progress = req
+                .progress_notify
+                .then_some(c.limits_ref().progress_notify_interval);
+            let link = StreamLink {
+                link: c.link.clone(),
+                generation,
+                latency: c.shared.config.latency,
+            };
+            Ok(watch_stream(c.shared.clone(), id, rx, progress, link))
+        })
+        .await
     }
 
     async fn compact(&self, revision: i64) -> Result<()> {
-        let deaf = self.travel("compact").await?;
-        let r = self
-            .shared
-            .apply(self.origin(), |s, now| s.compact(now, revision));
-        self.reply("compact", deaf, true, r).await
+        self.call("compact", true, |c| {
+            c.apply(|s, now| s.compact(now, revision))
+        })
+        .await
     }
 }
 
@@ -695,10 +722,12 @@ impl Drop for WatchGuard {
     }
 }
 
-/// The link a watch stream was opened over, and the connection it was opened on.
+/// The link a watch stream was opened over, the connection it was opened on, and the
+/// store's base latency each delivery takes.
 struct StreamLink {
     link: Arc<Link>,
     generation: u64,
+    latency: Duration,
 }
 
 fn link_broken() -> coord_api::Error {
@@ -745,6 +774,10 @@ fn watch_stream(
                 }
                 item = rx.recv() => match item {
                     Some(item) => {
+                        let delay = link.latency + link.link.reply_latency();
+                        if !delay.is_zero() {
+                            tokio::time::sleep(delay).await;
+                        }
                         if link.link.wait_flowing(link.generation).await.is_err() {
                             yield Err(link_broken());
                             break;
@@ -801,9 +834,9 @@ impl KeepAlive for SimKeepAlive {
     }
 
     async fn renew(&mut self) -> Result<Duration> {
-        let deaf = self.client.travel("keep-alive").await?;
-        let shared = &self.client.shared;
-        if shared.stream_epoch.load(Ordering::SeqCst) != self.epoch
+        // A stream whose connection broke (or that the store closed) fails at once; a
+        // renewal on a live one crosses the link like any call.
+        if self.client.shared.stream_epoch.load(Ordering::SeqCst) != self.epoch
             || self.client.link.state().generation != self.generation
         {
             return Err(coord_api::Error::StreamClosed {
@@ -812,19 +845,24 @@ impl KeepAlive for SimKeepAlive {
             });
         }
         let lease = self.lease;
-        let (r, earlier) = shared.apply(self.client.origin(), |s, now| {
-            let before = s.next_deadline();
-            let r = s.renew(now, lease);
-            (r, s.next_deadline() < before)
-        });
-        // A renewal can move the earliest deadline earlier too: after a leader change
-        // refreshed the lease to TTL + election timeout, a renewal sets it back to now + TTL,
-        // as etcd's does. Only then does the expiry task need waking (waking it on every
-        // renewal costs a scan of every watch, per renewal).
-        if earlier {
-            shared.deadlines_changed.notify_one();
-        }
-        self.client.reply("keep-alive", deaf, false, r).await
+        self.client
+            .call("keep-alive", false, |c| {
+                let (r, earlier) = c.apply(|s, now| {
+                    let before = s.next_deadline();
+                    let r = s.renew(now, lease);
+                    (r, s.next_deadline() < before)
+                });
+                // A renewal can move the earliest deadline earlier too: after a leader
+                // change refreshed the lease to TTL + election timeout, a renewal sets it
+                // back to now + TTL, as etcd's does. Only then does the expiry task need
+                // waking (waking it on every renewal costs a scan of every watch, per
+                // renewal).
+                if earlier {
+                    c.shared.deadlines_changed.notify_one();
+                }
+                r
+            })
+            .await
     }
 }
 
