@@ -134,7 +134,7 @@ async fn watchers_and_registrations_survive_compaction_every_100ms() {
     for round in 0u64..40 {
         let name = format!("h{}", round % 7);
         match hosts.remove(&name) {
-            Some(r) => HostRegistration::stop(&r).await.unwrap(),
+            Some(r) => HostRegistration::stop(r).await.unwrap(),
             None => {
                 let r = HostRegistration::start(
                     store.clone(),

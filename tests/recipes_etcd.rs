@@ -42,13 +42,12 @@ impl EtcdFixture {
         }
     }
 
-    /// A client through a proxy of its own, with timeouts short enough to notice a cut.
+    /// A client through a proxy of its own, with `EtcdConfig`'s default timeouts: the
+    /// recipes notice a cut on their own (a session gives up on a renewal at the next one).
     async fn proxied(&self) -> (Arc<DynKvLeaseStore>, Arc<TcpProxy>) {
         let target = self.cluster.endpoint(0).parse().expect("a socket address");
         let proxy = Arc::new(TcpProxy::start(target).await.expect("a proxy"));
-        let config = EtcdConfig::new([proxy.endpoint()])
-            .with_limits(self.cluster.limits())
-            .with_request_timeout(Duration::from_secs(1));
+        let config = EtcdConfig::new([proxy.endpoint()]).with_limits(self.cluster.limits());
         let store: Arc<DynKvLeaseStore> = Arc::new(
             EtcdStore::connect(config)
                 .await
@@ -71,6 +70,14 @@ impl Control for ProxyControl {
             self.0.blackhole();
         } else {
             self.0.heal();
+        }
+    }
+
+    fn delay_requests(&self, by: Duration) {
+        if by.is_zero() {
+            self.0.heal();
+        } else {
+            self.0.delay(by);
         }
     }
 }

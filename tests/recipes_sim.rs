@@ -30,6 +30,10 @@ impl Control for SimControl {
             self.0.repair();
         }
     }
+
+    fn delay_requests(&self, by: Duration) {
+        self.0.set_latency(by);
+    }
 }
 
 #[coord_api::async_trait]

@@ -13,7 +13,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::StreamExt;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorClass, Result};
+use crate::recipes::follow::{Change, Follow};
+use crate::recipes::retry;
 use crate::request::{
     Compare, CompareOp, DeleteRequest, GetRequest, PutRequest, TxnRequest, WatchRequest,
 };
@@ -117,16 +119,30 @@ fn lost(leader: &LeaderKey) -> Error {
         election: leader.name.clone(),
         key: String::from_utf8_lossy(&leader.key).into_owned(),
         lease: leader.lease,
+        reason: "the candidate key was deleted".to_owned(),
     }
 }
 
 /// Waits until `leader.key` is the oldest key of the election, or fails when it disappears.
+/// The store not answering is waited out (with backoff), never a reason to give up the place
+/// in the queue: the caller bounds the wait (a session's end, a cancellation).
 async fn wait_for_turn<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) -> Result<()> {
     let prefix = prefix_of(&leader.name);
     let skip_own_check = crate::planted::enabled(crate::planted::Bug::CampaignSkipsOwnKeyCheck);
+    let shared = store.shared();
+    let mut backoff = retry::store_backoff(retry::seed(&[&leader.key]));
     let mut first = true;
     loop {
-        let snapshot = store.get(GetRequest::prefix(prefix.clone())).await?;
+        let snapshot = match store.get(GetRequest::prefix(prefix.clone())).await {
+            Ok(s) => s,
+            Err(e) if matches!(e.class(), ErrorClass::Retryable) => {
+                tracing::debug!(election = %leader.name, error = &e as &dyn std::error::Error, "could not read the queue; retrying");
+                backoff.wait().await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        backoff.reset();
         let own = snapshot.kvs.iter().find(|kv| kv.key == leader.key);
         if own.map(|kv| kv.create_revision) != Some(leader.revision) && (first || !skip_own_check) {
             return Err(lost(leader));
@@ -142,30 +158,26 @@ async fn wait_for_turn<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) 
             return Ok(());
         };
         let from = snapshot.revision + 1;
-        let mut theirs = store
-            .watch(WatchRequest::key(predecessor.key.to_vec()).with_start_revision(from))
-            .await?;
-        let mut ours = store
-            .watch(WatchRequest::key(leader.key.to_vec()).with_start_revision(from))
-            .await?;
-        // Any end of either stream (compaction, a lost connection) sends us back to re-read:
-        // the snapshot, not the stream, decides.
-        loop {
-            tokio::select! {
-                biased;
-                item = ours.next(), if !skip_own_check => match item {
-                    Some(Ok(batch)) if batch.events.iter().any(|e| e.kind == EventKind::Delete) => {
-                        return Err(lost(leader));
-                    }
-                    Some(Ok(_)) => {}
-                    Some(Err(_)) | None => break,
-                },
-                item = theirs.next() => match item {
-                    Some(Ok(batch)) if batch.events.iter().any(|e| e.kind == EventKind::Delete) => break,
-                    Some(Ok(_)) => {}
-                    Some(Err(_)) | None => break,
-                },
+        let theirs_created = predecessor.create_revision;
+        let mut theirs = Follow::new(
+            shared.clone(),
+            predecessor.key.clone(),
+            from,
+            Some((theirs_created, predecessor.mod_revision)),
+        );
+        let mut ours = Follow::new(
+            shared.clone(),
+            leader.key.clone(),
+            from,
+            own.map(|kv| (kv.create_revision, kv.mod_revision)),
+        );
+        // When the predecessor goes, the snapshot (not the watch) decides what comes next.
+        tokio::select! {
+            biased;
+            _ = ours.until_gone(|kv| kv.create_revision == leader.revision), if !skip_own_check => {
+                return Err(lost(leader));
             }
+            _ = theirs.until_gone(|kv| kv.create_revision == theirs_created) => {}
         }
     }
 }
@@ -200,13 +212,30 @@ impl Drop for CleanupGuard {
         // during shutdown) the key stays until its lease ends, which is the most we can do.
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
+                // Until the key is gone: a candidate nobody waits for blocks everyone queued
+                // behind it, and after a long outage a restarted etcd refreshes its lease.
                 rt.spawn(async move {
-                    if let Err(err) = withdraw(&*store, &leader).await {
-                        tracing::warn!(
-                            election = %leader.name,
-                            error = &err as &dyn std::error::Error,
-                            "could not delete the key of a cancelled campaign; it stays until its lease ends"
-                        );
+                    let mut backoff = retry::store_backoff(retry::seed(&[&leader.key]));
+                    loop {
+                        match withdraw(&*store, &leader).await {
+                            Ok(()) | Err(Error::LeaseNotFound { .. }) => return,
+                            Err(e) if matches!(e.class(), ErrorClass::Retryable | ErrorClass::Indeterminate) => {
+                                tracing::debug!(
+                                    election = %leader.name,
+                                    error = &e as &dyn std::error::Error,
+                                    "could not delete the key of a cancelled campaign yet; retrying"
+                                );
+                                backoff.wait().await;
+                            }
+                            Err(e) => {
+                                tracing::warn!(
+                                    election = %leader.name,
+                                    error = &e as &dyn std::error::Error,
+                                    "could not delete the key of a cancelled campaign; it stays until its lease ends"
+                                );
+                                return;
+                            }
+                        }
                     }
                 });
             }
@@ -286,19 +315,33 @@ pub(crate) fn observe(store: Arc<DynKvLeaseStore>, name: &str) -> Result<LeaderS
     validate::election_name(name)?;
     let prefix = prefix_of(name);
     let stream = async_stream::try_stream! {
+        let mut backoff = retry::store_backoff(retry::seed(&[prefix.as_bytes()]));
         // (key, mod revision) of the last leader reported, so a re-read after a broken
         // watch does not report the same leader twice.
         let mut last: Option<(Bytes, i64)> = None;
         loop {
-            let snapshot = store.get(GetRequest::prefix(prefix.clone())).await?;
+            let snapshot = match store.get(GetRequest::prefix(prefix.clone())).await {
+                Ok(s) => s,
+                Err(e) if e.is_retryable() => {
+                    backoff.wait().await;
+                    continue;
+                }
+                Err(e) => Err(e)?,
+            };
+            backoff.reset();
             let from = snapshot.revision + 1;
             let Some(current) = first_created(snapshot.kvs) else {
-                // No candidate yet: wait for the first one to appear, then re-read.
-                let mut w = store.watch(WatchRequest::prefix(prefix.clone()).with_start_revision(from)).await?;
-                while let Some(Ok(batch)) = w.next().await {
-                    if batch.events.iter().any(|e| e.kind == EventKind::Put) {
-                        break;
+                // No candidate yet: wait for one to appear (or the watch to break), then
+                // re-read.
+                match store.watch(WatchRequest::prefix(prefix.clone()).with_start_revision(from)).await {
+                    Ok(mut w) => {
+                        while let Some(Ok(batch)) = w.next().await {
+                            if batch.events.iter().any(|e| e.kind == EventKind::Put) {
+                                break;
+                            }
+                        }
                     }
+                    Err(_) => backoff.wait().await,
                 }
                 continue;
             };
@@ -307,17 +350,16 @@ pub(crate) fn observe(store: Arc<DynKvLeaseStore>, name: &str) -> Result<LeaderS
                 last = Some(seen);
                 yield current.clone();
             }
-            // Follow the leader's key: a put is a proclaim, a delete hands over.
-            let mut w = store.watch(WatchRequest::key(current.key.to_vec()).with_start_revision(from)).await?;
-            'follow: while let Some(Ok(batch)) = w.next().await {
-                for event in batch.events {
-                    match event.kind {
-                        EventKind::Put => {
-                            last = Some((event.kv.key.clone(), event.kv.mod_revision));
-                            yield event.kv;
-                        }
-                        EventKind::Delete => break 'follow,
+            // Follow the leader's key: a put is a proclaim, anything else hands over.
+            let created = current.create_revision;
+            let mut follow = Follow::new(store.clone(), current.key.clone(), from, Some((created, current.mod_revision)));
+            loop {
+                match follow.next().await {
+                    Change::Put(kv) if kv.create_revision == created => {
+                        last = Some((kv.key.clone(), kv.mod_revision));
+                        yield kv;
                     }
+                    _ => break,
                 }
             }
         }

@@ -75,16 +75,30 @@ pub enum Error {
         election: String,
     },
 
-    /// A campaign's own key disappeared (its lease expired or was revoked, or the key was
-    /// deleted) before it became leader. The campaign returns this instead of a leadership.
-    #[error("candidacy in election {election:?} lost: key {key:?} of lease {lease} is gone")]
+    /// A campaign ended without leading: its own key disappeared (its lease expired or was
+    /// revoked, or the key was deleted) or its session ended before it became leader. The
+    /// campaign returns this instead of a leadership.
+    #[error("candidacy in election {election:?} lost ({reason}): key {key:?} of lease {lease}")]
     CandidacyLost {
         /// The election's name.
         election: String,
-        /// The candidate key that disappeared.
+        /// The candidate key.
         key: String,
-        /// The lease the key was attached to.
+        /// The candidate's lease.
         lease: LeaseId,
+        /// Why: the key was deleted, or the session ended (and how).
+        reason: String,
+    },
+
+    /// A write fenced by a leadership ([`Leadership::txn`](crate::recipes::Leadership::txn))
+    /// was refused by the store because the leadership is over: the leader key no longer
+    /// stands as created. Nothing was applied, and the leadership has ended.
+    #[error("fenced out of election {election:?}: token {token} no longer leads")]
+    FencedOut {
+        /// The election's name.
+        election: String,
+        /// The token the write carried.
+        token: i64,
     },
 
     /// The caller gave up: the operation was cancelled or its deadline passed.
@@ -185,6 +199,7 @@ impl Error {
             Error::FutureRevision { .. }
             | Error::NotLeader { .. }
             | Error::CandidacyLost { .. }
+            | Error::FencedOut { .. }
             | Error::PermissionDenied { .. }
             | Error::Rejected { .. } => ErrorClass::Rejected,
             Error::Cancelled { .. } => ErrorClass::Cancelled,

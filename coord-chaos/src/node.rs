@@ -59,8 +59,7 @@ pub(crate) async fn run(ctx: NodeContext) {
     let Some(registration) = register(&ctx).await else {
         return;
     };
-    let registration = Arc::new(registration);
-    tasks.spawn(follow_registration(ctx.clone(), registration.clone()));
+    tasks.spawn(follow_registration(ctx.clone(), registration.subscribe()));
     if ctx.who.node < ctx.scenario.watchers {
         if let Some(w) = start_watcher(&ctx).await {
             tasks.spawn(follow_watcher(ctx.clone(), w));
@@ -109,11 +108,13 @@ async fn register(ctx: &NodeContext) -> Option<HostRegistration> {
 }
 
 /// Records the registration's status as the node's belief.
-async fn follow_registration(ctx: Arc<NodeContext>, reg: Arc<HostRegistration>) {
-    let mut status = reg.subscribe();
+async fn follow_registration(
+    ctx: Arc<NodeContext>,
+    mut status: coord_api::sync::watch::Receiver<RegistrationStatus>,
+) {
     let mut believed = None;
     loop {
-        let now = *status.borrow_and_update();
+        let now = status.get_and_update();
         let lease = match now {
             RegistrationStatus::Registered { lease } => Some(lease),
             _ => None,
@@ -155,7 +156,7 @@ async fn follow_watcher(ctx: Arc<NodeContext>, mut watcher: ClusterWatcher) {
     let mut last_revision = None;
     loop {
         // Record the view first: the watcher publishes a view before the event it explains.
-        let view = views.borrow_and_update().clone();
+        let view = views.get_and_update();
         if last_revision != Some(view.revision) {
             ctx.rec.log(Happening::View {
                 who: ctx.who,

@@ -86,11 +86,22 @@ impl EtcdKeepAlive {
         if self.stream.is_none() {
             self.open().await?;
         }
-        let (_, keeper, stream) = self.stream.as_mut().expect("opened above");
+        let (endpoint, keeper, stream) = self.stream.as_mut().expect("opened above");
+        // A renewal abandoned before its answer (the caller gave up waiting, as a session
+        // does when the next renewal is due) says the connection may be dead without a reset:
+        // replace it, or every renewal after it waits on the same dead connection.
+        let in_flight = InFlight {
+            store: &self.store,
+            endpoint: *endpoint,
+            done: false,
+        };
         if let Err(e) = keeper.keep_alive().await {
+            in_flight.finish();
             return Err(self.closed(e));
         }
-        match stream.message().await {
+        let answer = stream.message().await;
+        in_flight.finish();
+        match answer {
             // A revoked or expired lease is answered with TTL 0 on a stream that stays open.
             Ok(Some(resp)) if resp.ttl() <= 0 => Err(Error::LeaseNotFound { lease: self.lease }),
             Ok(Some(resp)) => Ok(Duration::from_secs(resp.ttl() as u64)),
@@ -116,6 +127,28 @@ impl KeepAlive for EtcdKeepAlive {
                 }
                 Err(self.closed(format!("no answer within {timeout:?}")))
             }
+        }
+    }
+}
+
+/// Replaces the connection of a renewal dropped before its answer came (see
+/// [`EtcdKeepAlive::renew_once`]).
+struct InFlight<'a> {
+    store: &'a EtcdStore,
+    endpoint: usize,
+    done: bool,
+}
+
+impl InFlight<'_> {
+    fn finish(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.store.reconnect(self.endpoint);
         }
     }
 }

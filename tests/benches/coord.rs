@@ -249,7 +249,7 @@ async fn failover(r: &mut Report, quick: bool) {
             leader_and_waiting(&store, &format!("fo/coord/{i}"), ttl).await;
         let t = Instant::now();
         lead.resign().await.unwrap();
-        waiting.await.unwrap().unwrap();
+        let _successor = waiting.await.unwrap().unwrap();
         graceful.push(t.elapsed());
     }
     // coord, crash (the leader stops renewing, nothing is revoked).
@@ -262,7 +262,7 @@ async fn failover(r: &mut Report, quick: bool) {
         let renewed = (a.deadline() - ttl).into_std();
         drop(lead);
         drop(a);
-        waiting.await.unwrap().unwrap();
+        let _successor = waiting.await.unwrap().unwrap();
         crash.push(renewed.elapsed());
     }
     // etcdctl elect, graceful (SIGINT resigns).
@@ -460,7 +460,7 @@ async fn watcher_at_10k(r: &mut Report) {
     fill("b").await;
     let target = store.current_revision().await.unwrap();
     let written = t.elapsed();
-    while view.borrow_and_update().revision < target {
+    while view.get_and_update().revision < target {
         view.changed().await.unwrap();
     }
     let applied = t.elapsed();

@@ -47,12 +47,13 @@ pub(crate) async fn session_renews_and_outlives_its_ttl(fx: &dyn Fixture) {
     tokio::time::sleep(fx.ttl() * 3).await;
     assert!(!s.is_done());
     assert!(store.time_to_live(s.lease()).await.is_ok());
-    s.close().await.unwrap();
+    let (lease, handle) = (s.lease(), s.handle());
+    s.stop().await.unwrap();
     assert!(matches!(
-        store.time_to_live(s.lease()).await,
+        store.time_to_live(lease).await,
         Err(Error::LeaseNotFound { .. })
     ));
-    assert_eq!(s.done().await, SessionEnd::Closed);
+    assert_eq!(handle.done().await, SessionEnd::Closed);
 }
 
 pub(crate) async fn session_done_fires_at_the_local_deadline_when_cut_off(fx: &dyn Fixture) {
@@ -71,6 +72,44 @@ pub(crate) async fn session_done_fires_at_the_local_deadline_when_cut_off(fx: &d
         now - deadline
     );
     assert!(deadline <= now);
+}
+
+/// A grant answered late (a stalled etcd, a slow disk): the lease is older than its reply
+/// says. The session must renew before its deadline (counted from the grant's send), not a
+/// renewal period after the reply; and a new session has at least TTL − TTL/3 left.
+pub(crate) async fn session_survives_a_grant_answered_late(fx: &dyn Fixture) {
+    let client = fx.client().await;
+    let ttl = fx.ttl();
+    let late = ttl * 7 / 10;
+    client.delay_requests(late);
+    let store = client.store.clone();
+    let sent = Instant::now();
+    let pending =
+        tokio::spawn(
+            async move { Session::new(store, SessionConfig::default().with_ttl(ttl)).await },
+        );
+    // Only the grant is slow: what follows it goes at once.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    client.delay_requests(Duration::ZERO);
+    let s = within(ttl + fx.slack(), "the grant", pending)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        sent.elapsed() >= late,
+        "the grant took {:?}, not the {late:?} the test needs",
+        sent.elapsed()
+    );
+    assert!(
+        s.health().remaining >= ttl - ttl / 3 - fx.slack(),
+        "a new session with {:?} left",
+        s.health().remaining
+    );
+    // Watched for more than a TTL after the slow grant: no expiry, the lease lives.
+    let quiet = tokio::time::timeout(ttl + Duration::from_secs(1), s.done()).await;
+    assert!(quiet.is_err(), "the session ended: {quiet:?}");
+    assert!(client.store.time_to_live(s.lease()).await.is_ok());
+    s.stop().await.unwrap();
 }
 
 pub(crate) async fn session_reports_a_revoked_lease(fx: &dyn Fixture) {
@@ -140,6 +179,7 @@ pub(crate) async fn registration_stop_removes_the_key_immediately(fx: &dyn Fixtu
         .await
         .unwrap();
     let lease = r.lease_id();
+    let status = r.subscribe();
     let before = Instant::now();
     r.stop().await.unwrap();
     assert!(
@@ -152,8 +192,7 @@ pub(crate) async fn registration_stop_removes_the_key_immediately(fx: &dyn Fixtu
         store.time_to_live(lease).await,
         Err(Error::LeaseNotFound { .. })
     ));
-    assert_eq!(r.status(), RegistrationStatus::Stopped);
-    r.stop().await.unwrap();
+    assert_eq!(status.get(), RegistrationStatus::Stopped);
 }
 
 pub(crate) async fn registration_crash_leaves_the_key_for_one_ttl(fx: &dyn Fixture) {

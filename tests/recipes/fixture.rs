@@ -30,6 +30,12 @@ impl Client {
     pub(crate) fn cut_off(&self, on: bool) {
         self.control.cut_off(on)
     }
+
+    /// Delays every request the client sends from now on by `by` on its way to the store
+    /// (zero: no delay); a request already on its way keeps the delay it had.
+    pub(crate) fn delay_requests(&self, by: Duration) {
+        self.control.delay_requests(by)
+    }
 }
 
 /// How a backend breaks one client's connection.
@@ -37,6 +43,7 @@ impl Client {
 pub(crate) trait Control: Send + Sync {
     async fn close_streams(&self);
     fn cut_off(&self, on: bool);
+    fn delay_requests(&self, by: Duration);
 }
 
 /// A backend for the recipe tests.

@@ -14,6 +14,7 @@ macro_rules! recipe_tests {
         $crate::recipes::recipe_tests!(@ $run;
             session_renews_and_outlives_its_ttl,
             session_done_fires_at_the_local_deadline_when_cut_off,
+            session_survives_a_grant_answered_late,
             session_reports_a_revoked_lease,
             registration_heals_after_a_stream_close_on_the_same_lease,
             registration_heals_after_an_external_revoke,

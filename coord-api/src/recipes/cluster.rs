@@ -23,14 +23,16 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::retry::{self, Backoff};
 use crate::error::{Error, Result};
 use crate::request::{GetRequest, WatchRequest};
 use crate::store::{DynKvLeaseStore, KvLeaseStoreExt};
+use crate::sync::watch;
 use crate::types::EventKind;
 
 /// What to watch.
@@ -147,6 +149,7 @@ impl ClusterWatcher {
         }
         let (tx, events) = mpsc::channel(config.buffer.max(1));
         let (view_tx, view) = watch::channel(Arc::new(ClusterView::default()));
+        let seed = retry::seed(&[config.prefix.as_bytes()]);
         let mut w = Worker {
             store,
             config,
@@ -154,6 +157,7 @@ impl ClusterWatcher {
             view_tx,
             tx,
             backlog: Vec::new(),
+            backoff: retry::store_backoff(seed),
         };
         // The first listing becomes the view now, and its HostUp events are queued; those
         // that do not fit the buffer are emitted by the task once the caller holds the
@@ -190,7 +194,7 @@ impl ClusterWatcher {
 
     /// The current view.
     pub fn view(&self) -> Arc<ClusterView> {
-        self.view.borrow().clone()
+        self.view.get()
     }
 
     /// Follows the view.
@@ -231,6 +235,8 @@ struct Worker {
     tx: mpsc::Sender<ClusterEvent>,
     /// The first listing's events that did not fit the buffer at start.
     backlog: Vec<ClusterEvent>,
+    /// Between attempts to reach the store (re-open, re-list).
+    backoff: Backoff,
 }
 
 /// The most watch batches taken together for one snapshot of the view.
@@ -245,8 +251,9 @@ enum Broken {
     Compacted(i64),
     /// No event and no progress notification for this long.
     Silent(Duration),
-    /// The stream closed or failed, or could not be opened (`opened` false).
-    Closed { opened: bool, why: String },
+    /// The stream closed or failed, or could not be opened; `delivered` when it worked (gave
+    /// something) before it broke.
+    Closed { delivered: bool, why: String },
 }
 
 impl std::fmt::Display for Broken {
@@ -335,7 +342,6 @@ impl Worker {
         // The first watch starts after the listing; later ones resume at the last revision
         // seen (see the module docs).
         let mut from = self.view.revision + 1;
-        let mut resume_delay = Duration::from_millis(100);
         loop {
             let outcome = tokio::select! {
                 biased;
@@ -347,27 +353,26 @@ impl Worker {
                 continue;
             }
             match &outcome {
-                Broken::Closed { opened, why } => {
+                Broken::Closed { delivered, why } => {
                     tracing::debug!(reason = %why, revision = self.view.revision, "watch broken; resuming");
                     from = self.view.revision.max(1);
-                    if *opened {
-                        resume_delay = Duration::from_millis(100);
+                    if *delivered {
+                        // It worked until now: resume at once.
+                        self.backoff.reset();
                         continue;
                     }
-                    // The store is unreachable: back off before the next attempt.
+                    // The store is unreachable, or breaks every stream at once: back off.
                     tokio::select! {
                         biased;
                         _ = cancel.cancelled() => return,
-                        _ = tokio::time::sleep(resume_delay) => {}
+                        _ = self.backoff.wait() => {}
                     }
-                    resume_delay = (resume_delay * 2).min(Duration::from_secs(5));
                     continue;
                 }
                 Broken::Compacted(_) | Broken::Silent(_) => {}
             }
             tracing::warn!(reason = %outcome, revision = self.view.revision, "watch broken; re-listing");
             // Re-list until it works and is not behind what we have seen.
-            let mut delay = Duration::from_millis(100);
             loop {
                 let listed = tokio::select! {
                     biased;
@@ -378,6 +383,7 @@ impl Worker {
                     Ok(l) if l.0 >= self.view.revision => {
                         self.apply_listing(l).await;
                         from = self.view.revision + 1;
+                        self.backoff.reset();
                         tracing::info!(
                             revision = self.view.revision,
                             hosts = self.view.hosts.len(),
@@ -397,9 +403,8 @@ impl Worker {
                 tokio::select! {
                     biased;
                     _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(delay) => {}
+                    _ = self.backoff.wait() => {}
                 }
-                delay = (delay * 2).min(Duration::from_secs(5));
             }
         }
     }
@@ -412,15 +417,15 @@ impl Worker {
                 self.view.revision = point - 1;
                 true
             }
-            Broken::Closed { opened: true, .. } if enabled(Bug::WatcherResumesFromNow) => {
-                match self.store.current_revision().await {
-                    Ok(now) => {
-                        self.view.revision = now;
-                        true
-                    }
-                    Err(_) => false,
+            Broken::Closed {
+                delivered: true, ..
+            } if enabled(Bug::WatcherResumesFromNow) => match self.store.current_revision().await {
+                Ok(now) => {
+                    self.view.revision = now;
+                    true
                 }
-            }
+                Err(_) => false,
+            },
             _ => false,
         }
     }
@@ -438,12 +443,12 @@ impl Worker {
             }) => return Broken::Compacted(compact_revision),
             Err(e) => {
                 return Broken::Closed {
-                    opened: false,
+                    delivered: false,
                     why: format!("could not open the watch: {e}"),
                 }
             }
         };
-        let closed = |why: String| Broken::Closed { opened: true, why };
+        let mut delivered = false;
         loop {
             let first = match tokio::time::timeout(self.config.silence, stream.next()).await {
                 Err(_) => return Broken::Silent(self.config.silence),
@@ -460,14 +465,18 @@ impl Worker {
             }
             let mut out = Vec::new();
             let mut broken = None;
+            let closed = |why: String, delivered| Broken::Closed { delivered, why };
             for item in items {
                 match item {
-                    Some(Ok(batch)) => self.apply(batch, &mut out),
-                    None => broken = Some(closed("the stream ended".into())),
+                    Some(Ok(batch)) => {
+                        delivered = true;
+                        self.apply(batch, &mut out);
+                    }
+                    None => broken = Some(closed("the stream ended".into(), delivered)),
                     Some(Err(Error::Compacted {
                         compact_revision, ..
                     })) => broken = Some(Broken::Compacted(compact_revision)),
-                    Some(Err(e)) => broken = Some(closed(e.to_string())),
+                    Some(Err(e)) => broken = Some(closed(e.to_string(), delivered)),
                 }
                 if broken.is_some() {
                     break;

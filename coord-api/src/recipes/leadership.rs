@@ -10,23 +10,27 @@
 //!   or when the key is seen deleted. So a leader that is cut off stops believing no later
 //!   than the store could elect someone else, barring a process pause longer than the TTL,
 //!   which only fencing covers.
+//!
+//! And what a new leader is guaranteed: [`Election::campaign`] hands a leadership out only
+//! with at least half its session's TTL left before the deadline, renewing first if less is
+//! left (after a slow renewal, say), so a leader never starts with milliseconds to live.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::StreamExt;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
-use super::session::{Session, SessionHandle};
+use super::follow::Follow;
+use super::session::{Session, SessionEnd, SessionHandle, SessionHealth};
 use crate::election::{candidate_key, LeaderKey};
 use crate::error::{Error, Result};
-use crate::request::{Compare, CompareOp, GetRequest, PutRequest, TxnRequest, WatchRequest};
+use crate::request::{Compare, CompareOp, GetRequest, PutRequest, TxnOp, TxnRequest, TxnResponse};
 use crate::store::{DynKvLeaseStore, KvLeaseStore, LeaderStream};
-use crate::types::{EventKind, KeyValue};
+use crate::sync::watch;
+use crate::types::KeyValue;
 
 /// An election, campaigned in under one session's lease.
 #[derive(Debug, Clone)]
@@ -72,18 +76,17 @@ impl Election {
         let value = value.into();
         let lease = self.session.lease();
         if self.session.is_done() {
-            return Err(self.lost_candidacy());
+            return Err(self.ended(self.session.done().await));
         }
         let won = tokio::select! {
             biased;
-            _ = self.session.done() => return Err(self.lost_candidacy()),
+            end = self.session.done() => return Err(self.ended(end)),
             r = self.store.campaign(&self.name, value, lease) => r?,
         };
-        // The session may have ended in the same instant the campaign won; never hand out a
-        // leadership on a dead session.
-        if self.session.is_done() {
+        // Never hand out a leadership on a dead session, nor on one with moments left.
+        if let Err(end) = self.session.fresh(self.session.ttl() / 2).await {
             let _ = self.store.resign(&won).await;
-            return Err(self.lost_candidacy());
+            return Err(self.ended(end));
         }
         tracing::info!(election = %self.name, token = won.revision, "leadership acquired");
         Ok(Leadership::new(
@@ -157,6 +160,10 @@ impl Election {
                 _ => return Ok(None),
             }
         };
+        if let Err(end) = self.session.fresh(self.session.ttl() / 2).await {
+            let _ = self.store.resign(&won).await;
+            return Err(self.ended(end));
+        }
         tracing::info!(election = %self.name, token = won.revision, "leadership acquired (try)");
         Ok(Some(Leadership::new(
             self.store.clone(),
@@ -179,26 +186,76 @@ impl Election {
         self.store.observe(&self.name).await
     }
 
-    fn lost_candidacy(&self) -> Error {
+    fn ended(&self, end: SessionEnd) -> Error {
         Error::CandidacyLost {
             election: self.name.clone(),
             key: candidate_key(&self.name, self.session.lease()),
             lease: self.session.lease(),
+            reason: format!("the session ended: {end}"),
+        }
+    }
+}
+
+/// Why a [`Leadership`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The session's local deadline passed without a renewal: the store may elect another
+    /// leader from now on.
+    DeadlinePassed,
+    /// The store reported the session's lease gone.
+    LeaseLost,
+    /// The leader key was deleted (by hand, or with its lease) or replaced.
+    KeyDeleted,
+    /// A fenced write was refused: the store no longer counts this key as the leader.
+    FencedOut,
+    /// The session was stopped, orphaned or dropped by its owner.
+    SessionClosed,
+    /// [`Leadership::resign`] gave it up.
+    Resigned,
+}
+
+impl std::fmt::Display for LossReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LossReason::DeadlinePassed => "the session's deadline passed without a renewal",
+            LossReason::LeaseLost => "the store reported the lease gone",
+            LossReason::KeyDeleted => "the leader key was deleted",
+            LossReason::FencedOut => "a fenced write was refused",
+            LossReason::SessionClosed => "the session was closed",
+            LossReason::Resigned => "resigned",
+        })
+    }
+}
+
+impl From<SessionEnd> for LossReason {
+    fn from(end: SessionEnd) -> Self {
+        match end {
+            SessionEnd::Expired => LossReason::DeadlinePassed,
+            SessionEnd::LeaseLost => LossReason::LeaseLost,
+            _ => LossReason::SessionClosed,
         }
     }
 }
 
 /// A won election: the key, its fencing token, and a signal for when it is over.
 ///
+/// # Fencing
+/// [`txn`](Leadership::txn) runs a transaction only while this key leads, in one round trip:
+/// a write the store refuses because another leader may exist comes back as
+/// [`Error::FencedOut`] (not as a transaction whose compares failed), and ends the
+/// leadership.
+///
 /// # Drop
 /// Dropping it stops watching but keeps the key (the session still holds it): call
 /// [`resign`](Leadership::resign) to hand over at once.
+#[must_use = "dropping a leadership keeps its key until the session ends; resign to hand over"]
 #[derive(Debug)]
 pub struct Leadership {
     store: Arc<DynKvLeaseStore>,
     session: SessionHandle,
     key: LeaderKey,
-    lost: CancellationToken,
+    lost: Arc<watch::Sender<Option<LossReason>>>,
     watcher: JoinHandle<()>,
     held: Option<Arc<AtomicUsize>>,
 }
@@ -210,7 +267,7 @@ impl Leadership {
         key: LeaderKey,
         held: Option<Arc<AtomicUsize>>,
     ) -> Self {
-        let lost = CancellationToken::new();
+        let lost = Arc::new(watch::Sender::new(None));
         let watcher = tokio::spawn(watch_loss(
             store.clone(),
             session.clone(),
@@ -245,25 +302,48 @@ impl Leadership {
         self.session.deadline()
     }
 
-    /// True until the leadership is known lost or its deadline passed.
-    pub fn is_leader(&self) -> bool {
-        !self.lost.is_cancelled() && !self.session.is_done()
+    /// Whether the session's renewals are working: the last acknowledged one, the time left.
+    pub fn health(&self) -> SessionHealth {
+        self.session.health()
     }
 
-    /// Resolves when the leadership is over: the session's deadline passed or it ended, or
-    /// the key was deleted (resigned, revoked, deleted by hand).
-    pub async fn lost(&self) {
+    /// Why the leadership ended, if it has (its deadline passing counts).
+    pub fn loss(&self) -> Option<LossReason> {
+        self.lost.get().or_else(|| {
+            self.session.is_done().then(|| {
+                self.session
+                    .health()
+                    .ended
+                    .map_or(LossReason::DeadlinePassed, LossReason::from)
+            })
+        })
+    }
+
+    /// True until the leadership is known lost or its deadline passed.
+    pub fn is_leader(&self) -> bool {
+        self.loss().is_none()
+    }
+
+    /// Resolves when the leadership is over, with why: the session's deadline passed or it
+    /// ended, the key was deleted, a fenced write was refused, or it was resigned.
+    pub async fn lost(&self) -> LossReason {
+        let mut rx = self.lost.subscribe();
         // Biased, like every select in the library: polling order then never depends on
         // tokio's unseeded RNG, so simulation runs replay exactly.
         tokio::select! {
             biased;
-            _ = self.lost.cancelled() => {}
-            _ = self.session.done() => {}
+            why = rx.wait_for(Option::is_some) => why.ok().flatten().unwrap_or(LossReason::SessionClosed),
+            end = self.session.done() => {
+                let why = LossReason::from(end);
+                lose(&self.lost, why);
+                self.lost.get().unwrap_or(why)
+            }
         }
     }
 
     /// `txn` made conditional on this leadership: its compares gain "my key still stands as
     /// created", so the whole transaction fails (runs `failure`) once another leader can exist.
+    /// [`txn`](Self::txn) runs it and tells a refusal apart from the caller's own compares.
     pub fn fence(&self, mut txn: TxnRequest) -> TxnRequest {
         txn.compares.push(self.key.is_current());
         txn
@@ -274,6 +354,44 @@ impl Leadership {
         self.key.is_current()
     }
 
+    /// Runs `txn` only while this key leads, in one round trip. The store checks the key
+    /// (so the check holds even if this process is paused or its clock is off); when the
+    /// transaction fails, one more read in the same transaction says whether it failed on the
+    /// caller's compares (`Ok` with `succeeded: false`, as any transaction) or because the
+    /// leadership is over.
+    ///
+    /// # Errors
+    /// [`Error::FencedOut`] when the store refused it because this key no longer leads; the
+    /// leadership has then ended ([`lost`](Self::lost) fires with
+    /// [`LossReason::FencedOut`]). Otherwise whatever the transaction fails with.
+    pub async fn txn(&self, txn: TxnRequest) -> Result<TxnResponse> {
+        let mut req = self.fence(txn);
+        let probe = req.failure.len();
+        req.failure
+            .push(TxnOp::Get(GetRequest::key(self.key.key.to_vec())));
+        let mut resp = self.store.txn(req).await?;
+        if resp.succeeded {
+            return Ok(resp);
+        }
+        let standing = resp
+            .responses
+            .get(probe)
+            .and_then(|r| r.as_get())
+            .and_then(|g| g.kvs.first())
+            .is_some_and(|kv| kv.create_revision == self.key.revision);
+        resp.responses.truncate(probe);
+        if standing {
+            return Ok(resp);
+        }
+        if lose(&self.lost, LossReason::FencedOut) {
+            tracing::warn!(election = %self.key.name, token = self.key.revision, "fenced out: the store no longer counts this leadership");
+        }
+        Err(Error::FencedOut {
+            election: self.key.name.clone(),
+            token: self.key.revision,
+        })
+    }
+
     /// Replaces the leader's value, only while this key leads.
     ///
     /// # Errors
@@ -281,14 +399,18 @@ impl Leadership {
     pub async fn proclaim(&self, value: impl Into<Bytes>) -> Result<()> {
         let r = self.store.proclaim(&self.key, value.into()).await;
         if matches!(r, Err(Error::NotLeader { .. })) {
-            self.lost.cancel();
+            lose(&self.lost, LossReason::KeyDeleted);
         }
         r
     }
 
     /// Hands over: deletes the key if it is still this one. Idempotent.
+    ///
+    /// # Errors
+    /// Whatever the delete fails with; the leadership has ended either way (its key then
+    /// goes with the session's lease).
     pub async fn resign(self) -> Result<()> {
-        self.lost.cancel();
+        lose(&self.lost, LossReason::Resigned);
         self.store.resign(&self.key).await?;
         tracing::info!(election = %self.key.name, token = self.key.revision, "leadership resigned");
         Ok(())
@@ -304,46 +426,39 @@ impl Drop for Leadership {
     }
 }
 
-/// Cancels `lost` when the key is deleted or the session ends; logs the loss.
+/// Records why the leadership ended, if it had not ended already; true if this ended it.
+fn lose(lost: &watch::Sender<Option<LossReason>>, why: LossReason) -> bool {
+    lost.send_if_modified(|l| {
+        if l.is_none() {
+            *l = Some(why);
+            true
+        } else {
+            false
+        }
+    })
+}
+
+/// Ends the leadership when the key goes or the session ends; logs the loss.
 async fn watch_loss(
     store: Arc<DynKvLeaseStore>,
     session: SessionHandle,
     key: LeaderKey,
-    lost: CancellationToken,
+    lost: Arc<watch::Sender<Option<LossReason>>>,
 ) {
-    let deleted = async {
-        let mut from = key.revision + 1;
-        loop {
-            let req = WatchRequest::key(key.key.to_vec()).with_start_revision(from);
-            match store.watch(req).await {
-                Ok(mut stream) => {
-                    // Compacted or closed ends the loop: check directly, then resume from now.
-                    while let Some(Ok(batch)) = stream.next().await {
-                        if batch.events.iter().any(|e| e.kind == EventKind::Delete) {
-                            return "the leader key was deleted";
-                        }
-                        from = batch.revision + 1;
-                    }
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-            }
-            match store.get(GetRequest::key(key.key.to_vec())).await {
-                Ok(r) => {
-                    if r.kvs.first().map(|kv| kv.create_revision) != Some(key.revision) {
-                        return "the leader key was deleted";
-                    }
-                    from = r.revision + 1;
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-            }
-        }
-    };
+    let mut ended = lost.subscribe();
+    let mut follow = Follow::new(
+        store,
+        key.key.clone(),
+        key.revision + 1,
+        Some((key.revision, key.revision)),
+    );
     let why = tokio::select! {
         biased;
-        _ = lost.cancelled() => return,
-        end = session.done() => format!("session ended: {end}"),
-        why = deleted => why.to_owned(),
+        _ = ended.wait_for(Option::is_some) => return,
+        end = session.done() => LossReason::from(end),
+        _ = follow.until_gone(|kv| kv.create_revision == key.revision) => LossReason::KeyDeleted,
     };
-    lost.cancel();
-    tracing::warn!(election = %key.name, token = key.revision, reason = %why, "leadership lost");
+    if lose(&lost, why) {
+        tracing::warn!(election = %key.name, token = key.revision, reason = %why, "leadership lost");
+    }
 }

@@ -14,16 +14,18 @@
 //!
 //! [`KvLeaseStore`]: crate::KvLeaseStore
 
-mod backoff;
 mod cluster;
+pub(crate) mod follow;
 mod leadership;
 mod pool;
 mod registration;
+pub(crate) mod retry;
 mod session;
 
-pub use backoff::Backoff;
 pub use cluster::{ClusterEvent, ClusterView, ClusterWatcher, ClusterWatcherConfig};
-pub use leadership::{Election, Leadership};
+pub use leadership::{Election, Leadership, LossReason};
 pub use pool::{ElectionPool, PoolStats};
-pub use registration::{HostRegistration, RegistrationConfig, RegistrationStatus};
-pub use session::{Session, SessionConfig, SessionEnd, SessionHandle};
+pub use registration::{
+    HostRegistration, RegistrationConfig, RegistrationHealth, RegistrationStatus,
+};
+pub use session::{Session, SessionConfig, SessionEnd, SessionHandle, SessionHealth};

@@ -6,30 +6,34 @@
 //! registration re-grants and re-puts under a fresh lease, with jittered exponential backoff.
 //! When the key alone is deleted, it is put back under the same lease.
 //!
-//! The other promise, which go-coord and Curator both broke: after [`stop`] returns, the key
-//! is gone and nothing brings it back. `stop` cancels the loop and waits for it to finish
+//! The other promise, which go-coord and Curator both broke: when [`stop`] returns `Ok`, the
+//! key is gone and nothing brings it back. `stop` cancels the loop and waits for it to finish
 //! before revoking, and the loop publishes a new lease before it writes the key under it, so
-//! the revoke always hits the lease the key lives under.
+//! the revoke always hits the lease the key lives under. A lease given up at its local
+//! deadline may still live at the store (its renewals arrived, their replies did not), and the
+//! key with it until a heal moves the key; `stop` revokes such leases too, and says so when
+//! it could not reach the store.
 //!
 //! [`stop`]: HostRegistration::stop
 
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::StreamExt;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::backoff::Backoff;
-use super::session::{Session, SessionConfig};
+use super::follow::{Change, Follow};
+use super::retry::{self, Backoff};
+use super::session::{Session, SessionConfig, SessionEnd, SessionHandle};
 use crate::error::{Error, Result};
-use crate::request::{PutRequest, WatchRequest};
+use crate::request::PutRequest;
 use crate::store::DynKvLeaseStore;
-use crate::types::{EventKind, LeaseId};
+use crate::sync::watch;
+use crate::types::LeaseId;
 
 /// What to register and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,7 +49,8 @@ pub struct RegistrationConfig {
     pub initial_backoff: Duration,
     /// Largest delay between re-grant attempts (default 30 s).
     pub max_backoff: Duration,
-    /// Seed of the backoff's jitter (tests inject it to replay a run).
+    /// Mixed into the seed of the backoff's jitter (which is otherwise drawn from the key, so
+    /// hosts differ and a simulation replays).
     pub backoff_seed: u64,
 }
 
@@ -68,7 +73,7 @@ impl RegistrationConfig {
         self
     }
 
-    /// Jitter the backoff from this seed.
+    /// Mix this seed into the backoff's jitter.
     pub fn with_backoff_seed(mut self, seed: u64) -> Self {
         self.backoff_seed = seed;
         self
@@ -101,12 +106,37 @@ pub enum RegistrationStatus {
     Stopped,
 }
 
+/// Whether a registration is working, for a readiness probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RegistrationHealth {
+    /// Where it stands.
+    pub status: RegistrationStatus,
+    /// When its lease's last renewal was acknowledged (`None` before the first, or while
+    /// healing).
+    pub last_renewal: Option<Instant>,
+    /// How long its lease is known to live (zero while healing).
+    pub remaining: Duration,
+}
+
+impl RegistrationHealth {
+    /// Registered, with renewals working (at least half of `ttl` left).
+    pub fn is_healthy(&self, ttl: Duration) -> bool {
+        matches!(self.status, RegistrationStatus::Registered { .. }) && self.remaining >= ttl / 2
+    }
+}
+
 #[derive(Debug)]
 struct Shared {
     store: Arc<DynKvLeaseStore>,
     config: RegistrationConfig,
     /// The lease the key is (or is about to be) written under; 0 when none.
     lease: AtomicI64,
+    /// The session of that lease, for health.
+    session: Mutex<Option<SessionHandle>>,
+    /// Leases given up at their deadline that may still hold the key at the store, until a
+    /// revoke confirms them gone.
+    abandoned: Mutex<Vec<LeaseId>>,
     status: watch::Sender<RegistrationStatus>,
     /// Writes of the key (heal, re-put, update) go one at a time, so an update never loses
     /// to a heal writing the old metadata.
@@ -114,19 +144,51 @@ struct Shared {
 }
 
 impl Shared {
-    async fn put(&self, lease: LeaseId) -> Result<i64> {
+    /// Writes the key under `lease`; returns its create and mod revisions.
+    async fn put(&self, lease: LeaseId) -> Result<(i64, i64)> {
         let metadata = self.writes.lock().await;
-        let req = PutRequest::new(self.config.key.clone(), metadata.to_vec()).with_lease(lease);
-        Ok(self.store.put(req).await?.revision)
+        let req = PutRequest::new(self.config.key.clone(), metadata.to_vec())
+            .with_lease(lease)
+            .with_prev_kv();
+        let r = self.store.put(req).await?;
+        let created = r.prev_kv.map_or(r.revision, |kv| kv.create_revision);
+        Ok((created, r.revision))
+    }
+
+    fn abandoned(&self) -> std::sync::MutexGuard<'_, Vec<LeaseId>> {
+        self.abandoned.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_session(&self, session: Option<SessionHandle>) {
+        *self.session.lock().unwrap_or_else(|p| p.into_inner()) = session;
+    }
+
+    /// Revokes an abandoned lease in the background until it is gone.
+    fn release(self: &Arc<Self>, lease: LeaseId) {
+        let shared = self.clone();
+        tokio::spawn(
+            async move {
+                let mut backoff = retry::store_backoff(retry::seed(&[&lease.0.to_le_bytes()]));
+                loop {
+                    match shared.store.revoke(lease).await {
+                        Ok(_) | Err(Error::LeaseNotFound { .. }) => break,
+                        Err(_) => backoff.wait().await,
+                    }
+                }
+                shared.abandoned().retain(|l| *l != lease);
+                tracing::debug!(lease_id = %lease, "abandoned lease revoked");
+            }
+            .in_current_span(),
+        );
     }
 }
 
 /// A host registered under a lease, healing itself. See the module docs.
 ///
-/// # Drop
+/// # Stop and drop
+/// [`stop`](HostRegistration::stop) removes the key at once and says whether it could.
 /// Dropping the handle stops the registration without revoking: the key expires after its
-/// TTL, which is what a crash looks like. Call [`stop`](HostRegistration::stop) to remove the
-/// key at once.
+/// TTL, which is what a crash looks like.
 ///
 /// ```no_run
 /// # async fn run(store: std::sync::Arc<coord_api::DynKvLeaseStore>) -> coord_api::Result<()> {
@@ -144,7 +206,7 @@ impl Shared {
 pub struct HostRegistration {
     shared: Arc<Shared>,
     cancel: CancellationToken,
-    task: tokio::sync::Mutex<Option<JoinHandle<()>>>,
+    task: Option<JoinHandle<()>>,
 }
 
 impl HostRegistration {
@@ -157,22 +219,23 @@ impl HostRegistration {
         if config.key.is_empty() {
             return Err(Error::invalid("registration: empty key"));
         }
-        let (status, _) = watch::channel(RegistrationStatus::Registering);
         let shared = Arc::new(Shared {
             store: store.clone(),
             lease: AtomicI64::new(0),
-            status,
+            session: Mutex::new(None),
+            abandoned: Mutex::new(Vec::new()),
+            status: watch::Sender::new(RegistrationStatus::Registering),
             writes: tokio::sync::Mutex::new(config.metadata.clone()),
             config,
         });
-        let session = register(&shared).await?;
+        let first = register(&shared).await?;
         let cancel = CancellationToken::new();
         let span = tracing::info_span!("host_registration", key = %shared.config.key);
-        let task = tokio::spawn(run(shared.clone(), session, cancel.clone()).instrument(span));
+        let task = tokio::spawn(run(shared.clone(), first, cancel.clone()).instrument(span));
         Ok(HostRegistration {
             shared,
             cancel,
-            task: tokio::sync::Mutex::new(Some(task)),
+            task: Some(task),
         })
     }
 
@@ -183,12 +246,31 @@ impl HostRegistration {
 
     /// The current status.
     pub fn status(&self) -> RegistrationStatus {
-        *self.shared.status.borrow()
+        self.shared.status.get()
     }
 
     /// Follows status changes.
     pub fn subscribe(&self) -> watch::Receiver<RegistrationStatus> {
         self.shared.status.subscribe()
+    }
+
+    /// Whether renewals are working: the status, the last acknowledged renewal, the time the
+    /// lease is known to live.
+    pub fn health(&self) -> RegistrationHealth {
+        let status = self.status();
+        let session = self
+            .shared
+            .session
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(SessionHandle::health)
+            .filter(|_| matches!(status, RegistrationStatus::Registered { .. }));
+        RegistrationHealth {
+            status,
+            last_renewal: session.and_then(|h| h.last_renewal),
+            remaining: session.map_or(Duration::ZERO, |h| h.remaining),
+        }
     }
 
     /// The key.
@@ -216,36 +298,55 @@ impl HostRegistration {
         }
     }
 
-    /// Stops healing and revokes the lease: the key is gone when this returns, and no heal
-    /// can bring it back. Idempotent.
+    /// Stops healing and revokes every lease the key may live under: when this returns `Ok`
+    /// the key is gone and no heal can bring it back.
     ///
     /// # Errors
-    /// Whatever the revoke fails with (a lease already gone is success). The registration is
-    /// stopped either way; the key then expires after its TTL.
-    pub async fn stop(&self) -> Result<()> {
+    /// Whatever a revoke fails with (a lease already gone is success). The registration is
+    /// stopped either way, and the revoke is retried in the background until it lands; until
+    /// then the key may stand, at most until its lease expires.
+    pub async fn stop(mut self) -> Result<()> {
         self.cancel.cancel();
         // Wait for the loop: after this, nothing can publish a new lease or write the key.
-        if let Some(task) = self.task.lock().await.take() {
+        if let Some(task) = self.task.take() {
             let _ = task.await;
         }
-        let first = self.shared.status.send_replace(RegistrationStatus::Stopped)
-            != RegistrationStatus::Stopped;
-        let lease = LeaseId(self.shared.lease.swap(0, Ordering::SeqCst));
+        let shared = &self.shared;
+        shared.status.send_replace(RegistrationStatus::Stopped);
+        let mut leases: Vec<LeaseId> = shared.abandoned().clone();
+        let current = LeaseId(shared.lease.swap(0, Ordering::SeqCst));
+        if !current.is_none() {
+            leases.push(current);
+        }
         if crate::planted::enabled(crate::planted::Bug::StopDeletesUnconditionally) {
-            let key = crate::DeleteRequest::key(self.shared.config.key.clone());
-            self.shared.store.delete(key).await?;
+            let key = crate::DeleteRequest::key(shared.config.key.clone());
+            shared.store.delete(key).await?;
         }
-        if lease.is_none() {
-            return Ok(());
-        }
-        match self.shared.store.revoke(lease).await {
-            Ok(_) | Err(Error::LeaseNotFound { .. }) => {
-                if first {
-                    tracing::info!(key = %self.shared.config.key, "registration stopped; key revoked");
+        let mut failed = None;
+        for lease in leases {
+            match shared.store.revoke(lease).await {
+                Ok(_) | Err(Error::LeaseNotFound { .. }) => {
+                    shared.abandoned().retain(|l| *l != lease)
                 }
+                Err(e) => {
+                    shared.release(lease);
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        match failed {
+            None => {
+                tracing::info!(key = %shared.config.key, "registration stopped; key revoked");
                 Ok(())
             }
-            Err(e) => Err(e),
+            Some(e) => {
+                tracing::warn!(
+                    key = %shared.config.key,
+                    error = &e as &dyn std::error::Error,
+                    "registration stopped, but its key could not be revoked yet; retrying in the background"
+                );
+                Err(e)
+            }
         }
     }
 }
@@ -256,8 +357,11 @@ impl Drop for HostRegistration {
     }
 }
 
+/// A registered key: its session, and the key's create and mod revisions.
+type Held = (Session, (i64, i64));
+
 /// Grants a lease, publishes it, then writes the key under it.
-async fn register(shared: &Shared) -> Result<Session> {
+async fn register(shared: &Shared) -> Result<Held> {
     // The heal re-puts the key, then revokes the old lease itself (see `run`); a revoke at
     // expiry could delete the key just before the heal writes it, a flap for every watcher.
     let session = Session::new(
@@ -270,21 +374,29 @@ async fn register(shared: &Shared) -> Result<Session> {
     // Published before the put, so that a stop() that comes later revokes the lease the key
     // is written under (see the module docs).
     shared.lease.store(session.lease().0, Ordering::SeqCst);
-    if let Err(e) = shared.put(session.lease()).await {
-        shared.lease.store(0, Ordering::SeqCst);
-        let _ = session.close().await;
-        return Err(e);
+    match shared.put(session.lease()).await {
+        Ok(revisions) => {
+            shared.set_session(Some(session.handle()));
+            shared.status.send_replace(RegistrationStatus::Registered {
+                lease: session.lease(),
+            });
+            Ok((session, revisions))
+        }
+        Err(e) => {
+            shared.lease.store(0, Ordering::SeqCst);
+            // A revoke that fails is retried in the background (see Session::stop).
+            let _ = session.stop().await;
+            Err(e)
+        }
     }
-    shared.status.send_replace(RegistrationStatus::Registered {
-        lease: session.lease(),
-    });
-    Ok(session)
 }
 
 /// Keeps the key while the session lives; heals when it dies.
-async fn run(shared: Arc<Shared>, mut session: Session, cancel: CancellationToken) {
+async fn run(shared: Arc<Shared>, first: Held, cancel: CancellationToken) {
     let cfg = &shared.config;
-    let mut backoff = Backoff::new(cfg.initial_backoff, cfg.max_backoff, cfg.backoff_seed);
+    let seed = cfg.backoff_seed ^ retry::seed(&[cfg.key.as_bytes()]);
+    let mut backoff = Backoff::new(cfg.initial_backoff, cfg.max_backoff, seed);
+    let (mut session, mut revisions) = first;
     tracing::info!(lease_id = %session.lease(), "registered");
     loop {
         // Hold the key until the session ends (or the registration stops).
@@ -294,14 +406,18 @@ async fn run(shared: Arc<Shared>, mut session: Session, cancel: CancellationToke
                 session.orphan().await;
                 return;
             }
-            end = hold(&shared, &session) => end,
+            end = hold(&shared, &session, revisions) => end,
         };
         tracing::warn!(lease_id = %session.lease(), reason = %end, "registration lost; healing");
+        // A lease given up at its deadline may live on at the store, and the key with it: it
+        // goes once the key is under the new lease (or at stop, if that comes first).
+        if end == SessionEnd::Expired {
+            shared.abandoned().push(session.lease());
+        }
         shared.lease.store(0, Ordering::SeqCst);
-        // A lease given up at its deadline may live on at the store; it goes once the key is
-        // under the new one.
-        let abandoned =
-            (end == super::SessionEnd::Expired).then(|| (session.lease(), session.ttl()));
+        shared.set_session(None);
+        let lost = session.lease();
+        session.end(end);
         if crate::planted::enabled(crate::planted::Bug::RegistrationGivesUpOnLoss) {
             shared
                 .status
@@ -311,7 +427,7 @@ async fn run(shared: Arc<Shared>, mut session: Session, cancel: CancellationToke
         }
         // Heal: a fresh lease and the key under it, backing off between attempts.
         let mut attempt = 0;
-        session = loop {
+        (session, revisions) = loop {
             attempt += 1;
             shared
                 .status
@@ -325,7 +441,7 @@ async fn run(shared: Arc<Shared>, mut session: Session, cancel: CancellationToke
             // A cancel that lands during the attempt waits for it: the attempt has published
             // its lease first, so stop() revokes whatever it wrote.
             match register(&shared).await {
-                Ok(s) => break s,
+                Ok(held) => break held,
                 Err(e) => tracing::debug!(
                     attempt,
                     backoff_ms = delay.as_millis() as u64,
@@ -335,84 +451,67 @@ async fn run(shared: Arc<Shared>, mut session: Session, cancel: CancellationToke
             }
         };
         backoff.reset();
-        if let Some((lease, ttl)) = abandoned {
-            super::session::revoke_abandoned(shared.store.clone(), lease, ttl);
+        if end == SessionEnd::Expired {
+            shared.release(lost);
         }
         tracing::info!(lease_id = %session.lease(), attempts = attempt, "registration healed");
     }
 }
 
-/// Watches the key while the session lives, putting it back if it is deleted under a live
+/// Follows the key while the session lives, putting it back if it is deleted under a live
 /// lease. Returns why the session ended.
-async fn hold(shared: &Shared, session: &Session) -> super::SessionEnd {
-    let key = shared.config.key.clone();
-    let mut from = None;
+async fn hold(shared: &Shared, session: &Session, (created, modified): (i64, i64)) -> SessionEnd {
+    let mut follow = Follow::new(
+        shared.store.clone(),
+        shared.config.key.clone().into_bytes(),
+        modified + 1,
+        Some((created, modified)),
+    );
     loop {
-        let mut req = WatchRequest::key(key.clone());
-        if let Some(rev) = from {
-            req = req.with_start_revision(rev);
-        }
-        let mut stream = tokio::select! {
+        let change = tokio::select! {
             biased;
             end = session.done() => return end,
-            w = shared.store.watch(req) => match w {
-                Ok(s) => s,
-                Err(_) => {
-                    tokio::select! {
-                        biased;
-                        end = session.done() => return end,
-                        _ = tokio::time::sleep(Duration::from_millis(200)) => continue,
-                    }
-                }
-            },
+            change = follow.next() => change,
         };
-        // The key may have gone while no watch was open: check once per (re)opened watch.
-        match shared.store.get(crate::GetRequest::key(key.clone())).await {
-            Ok(r) if r.kvs.is_empty() => {
-                if let Some(end) = put_back(shared, session).await {
-                    return end;
-                }
+        if let Change::Deleted(_) = change {
+            if session.is_done() {
+                continue;
             }
-            _ => {}
-        }
-        loop {
-            tokio::select! {
-                biased;
-                end = session.done() => return end,
-                item = stream.next() => match item {
-                    Some(Ok(batch)) => {
-                        from = Some(batch.revision + 1);
-                        if batch.events.iter().any(|e| e.kind == EventKind::Delete) && !session.is_done() {
-                            if let Some(end) = put_back(shared, session).await {
-                                return end;
-                            }
-                        }
-                    }
-                    // Compacted or closed: re-open (from the start of current history).
-                    Some(Err(Error::Compacted { .. })) => { from = None; break; }
-                    Some(Err(_)) | None => break,
-                },
+            if let Some(end) = put_back(shared, session).await {
+                return end;
             }
         }
     }
 }
 
-/// Puts the key back after it was deleted. A lease that turns out to be gone (the delete was
-/// its expiry or revocation) ends the hold at once, so the heal starts now rather than at the
-/// session's next renewal.
-async fn put_back(shared: &Shared, session: &Session) -> Option<super::SessionEnd> {
-    match shared.put(session.lease()).await {
-        Ok(_) => {
-            tracing::warn!("registered key was deleted under a live lease; put it back");
-            None
-        }
-        Err(Error::LeaseNotFound { .. }) => Some(super::SessionEnd::LeaseLost),
-        Err(e) => {
-            tracing::debug!(
-                error = &e as &dyn std::error::Error,
-                "could not put the key back"
-            );
-            None
+/// Puts the key back after it was deleted, retrying until it is back or the session ends. A
+/// lease that turns out to be gone (the delete was its expiry or revocation) ends the hold at
+/// once, so the heal starts now rather than at the session's next renewal.
+async fn put_back(shared: &Shared, session: &Session) -> Option<SessionEnd> {
+    let mut backoff = retry::store_backoff(retry::seed(&[shared.config.key.as_bytes()]));
+    loop {
+        let put = tokio::select! {
+            biased;
+            end = session.done() => return Some(end),
+            put = shared.put(session.lease()) => put,
+        };
+        match put {
+            Ok(_) => {
+                tracing::warn!("registered key was deleted under a live lease; put it back");
+                return None;
+            }
+            Err(Error::LeaseNotFound { .. }) => return Some(SessionEnd::LeaseLost),
+            Err(e) => {
+                tracing::debug!(
+                    error = &e as &dyn std::error::Error,
+                    "could not put the key back; retrying"
+                );
+                tokio::select! {
+                    biased;
+                    end = session.done() => return Some(end),
+                    _ = backoff.wait() => {}
+                }
+            }
         }
     }
 }

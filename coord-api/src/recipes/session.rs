@@ -6,18 +6,31 @@
 //! deadline even if no server ever tells it so (a partition, a stalled stream), so anything
 //! built on it (a leadership) steps down no later than the server could hand it to someone
 //! else.
+//!
+//! The timing, all counted from sends, never from replies:
+//! * A renewal goes out every renewal period (KA, a third of the TTL by default) after the
+//!   previous one was sent.
+//! * A renewal not answered by the time the next one is due is abandoned and sent again on a
+//!   fresh channel: the session, not the backend's request timeout, decides how long an
+//!   answer may take, so one lost reply costs one period and the deadline still holds with a
+//!   period to spare, whatever the backend's timeouts.
+//! * A grant whose reply took longer than a renewal period (a stalled etcd, a slow disk) is
+//!   followed at once by a renewal, before [`Session::new`] returns: a new session always has
+//!   at least TTL − KA left on its deadline.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
-use tokio::time::{sleep, sleep_until, Instant};
+use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::retry::{self, Backoff};
 use crate::error::{Error, Result};
 use crate::store::{DynKvLeaseStore, KeepAlive};
+use crate::sync::watch;
 use crate::types::LeaseId;
 
 /// How a [`Session`] keeps its lease.
@@ -26,8 +39,8 @@ use crate::types::LeaseId;
 pub struct SessionConfig {
     /// The lease's TTL (default 10 s).
     pub ttl: Duration,
-    /// How often to renew; `None` is a third of the granted TTL, which survives one lost
-    /// renewal.
+    /// How often to renew; `None` is a third of the granted TTL, which rides through one lost
+    /// renewal reply.
     pub renew_interval: Option<Duration>,
     /// Revoke the lease, in the background, once the local deadline passes (default on): the
     /// store may still hold it (a reply lost, an etcd restart refreshed it), and keys under it,
@@ -35,6 +48,10 @@ pub struct SessionConfig {
     /// when the owner replaces the keys itself first (a registration re-puts its key, then
     /// revokes the old lease, so watchers see no flap).
     pub revoke_on_expiry: bool,
+    /// Revoke the lease, in the background, when the [`Session`] is dropped without
+    /// [`stop`](Session::stop) (default off: a dropped session's lease expires after its TTL,
+    /// which is what a crash looks like).
+    pub revoke_on_drop: bool,
 }
 
 impl Default for SessionConfig {
@@ -43,6 +60,7 @@ impl Default for SessionConfig {
             ttl: Duration::from_secs(10),
             renew_interval: None,
             revoke_on_expiry: true,
+            revoke_on_drop: false,
         }
     }
 }
@@ -66,29 +84,62 @@ impl SessionConfig {
         self.revoke_on_expiry = on;
         self
     }
+
+    /// Whether dropping the session revokes its lease (see
+    /// [`revoke_on_drop`](Self::revoke_on_drop)).
+    pub fn with_revoke_on_drop(mut self, on: bool) -> Self {
+        self.revoke_on_drop = on;
+        self
+    }
 }
 
 /// Why a session ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum SessionEnd {
     /// The store said the lease is gone (revoked, or expired on the server).
     LeaseLost,
     /// The local deadline passed without an acknowledged renewal.
     Expired,
-    /// [`Session::close`] revoked it.
+    /// [`Session::stop`] revoked it (or it was dropped with
+    /// [`revoke_on_drop`](SessionConfig::revoke_on_drop)).
     Closed,
-    /// [`Session::orphan`] stopped renewing it.
+    /// It stopped renewing without revoking ([`Session::orphan`], or dropped): the lease
+    /// expires after its TTL.
     Orphaned,
 }
 
 impl std::fmt::Display for SessionEnd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            SessionEnd::LeaseLost => "the lease is gone",
+            SessionEnd::LeaseLost => "the store reports the lease gone",
             SessionEnd::Expired => "the local deadline passed without a renewal",
             SessionEnd::Closed => "closed",
-            SessionEnd::Orphaned => "orphaned",
+            SessionEnd::Orphaned => "orphaned (no longer renewed)",
         })
+    }
+}
+
+/// Whether a session's renewals are working, for a readiness probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SessionHealth {
+    /// The lease.
+    pub lease: LeaseId,
+    /// The local deadline: send time of the last acknowledged renewal + TTL.
+    pub deadline: Instant,
+    /// How long until the deadline (zero once it passed).
+    pub remaining: Duration,
+    /// When the last renewal was acknowledged (`None` before the first).
+    pub last_renewal: Option<Instant>,
+    /// Why it ended, once it has.
+    pub ended: Option<SessionEnd>,
+}
+
+impl SessionHealth {
+    /// Live, with at least half the TTL left: renewals are working.
+    pub fn is_healthy(&self, ttl: Duration) -> bool {
+        self.ended.is_none() && self.remaining >= ttl / 2
     }
 }
 
@@ -96,6 +147,7 @@ impl std::fmt::Display for SessionEnd {
 struct State {
     deadline: Instant,
     ended: Option<SessionEnd>,
+    last_renewal: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -105,6 +157,8 @@ struct Inner {
     ttl: Duration,
     revoke_on_expiry: bool,
     state: watch::Sender<State>,
+    /// Asks the renewal task to renew now (see [`SessionHandle::fresh`]).
+    renew_now: Notify,
 }
 
 impl Inner {
@@ -117,27 +171,30 @@ impl Inner {
                 false
             }
         });
+        if ended {
+            tracing::info!(lease_id = %self.lease, reason = %why, "session ended");
+        }
         // Whoever noticed the deadline first (the renewal task, or a waiter on `done`), the
         // abandoned lease is revoked once.
         if ended && why == SessionEnd::Expired && self.revoke_on_expiry {
-            revoke_abandoned(self.store.clone(), self.lease, self.ttl);
+            release_lease(self.store.clone(), self.lease);
         }
     }
 
     fn state(&self) -> State {
-        *self.state.borrow()
+        self.state.get()
     }
 
     async fn done(&self) -> SessionEnd {
         let mut rx = self.state.subscribe();
         loop {
-            let s = *rx.borrow_and_update();
+            let s = rx.get_and_update();
             if let Some(end) = s.ended {
                 return end;
             }
             tokio::select! {
                 biased;
-                changed = rx.changed() => if changed.is_err() { return SessionEnd::Closed },
+                changed = rx.changed() => if changed.is_err() { return SessionEnd::Orphaned },
                 _ = sleep_until(s.deadline), if !ignores_deadline() => {
                     self.end(SessionEnd::Expired);
                 }
@@ -148,6 +205,21 @@ impl Inner {
     /// Whether the local deadline counts (it always does, unless the planted bug is on).
     fn past_deadline(&self, now: Instant) -> bool {
         !ignores_deadline() && now >= self.state().deadline
+    }
+
+    fn health(&self) -> SessionHealth {
+        let s = self.state();
+        let now = Instant::now();
+        let ended = s
+            .ended
+            .or_else(|| self.past_deadline(now).then_some(SessionEnd::Expired));
+        SessionHealth {
+            lease: self.lease,
+            deadline: s.deadline,
+            remaining: s.deadline.saturating_duration_since(now),
+            last_renewal: s.last_renewal,
+            ended,
+        }
     }
 }
 
@@ -166,6 +238,11 @@ impl SessionHandle {
         self.inner.lease
     }
 
+    /// The TTL the store granted.
+    pub fn ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
     /// The local deadline: send time of the last acknowledged renewal + TTL.
     pub fn deadline(&self) -> Instant {
         self.inner.state().deadline
@@ -177,17 +254,59 @@ impl SessionHandle {
     }
 
     /// Resolves when the session ends: the lease is reported gone, the deadline passes, or
-    /// it is closed or orphaned.
+    /// it is stopped, orphaned or dropped.
     pub async fn done(&self) -> SessionEnd {
         self.inner.done().await
     }
+
+    /// Whether renewals are working: the last acknowledged one, the time left.
+    pub fn health(&self) -> SessionHealth {
+        self.inner.health()
+    }
+
+    /// The store the session lives in.
+    pub fn store(&self) -> &Arc<DynKvLeaseStore> {
+        &self.inner.store
+    }
+
+    /// Waits until at least `left` remains before the deadline, renewing at once if less does
+    /// now. What a new leader is guaranteed: a leadership is handed out only with half its
+    /// TTL left, never with milliseconds.
+    ///
+    /// # Errors
+    /// The session's end, if it ends first (a renewal that does not come back in time ends it
+    /// at its deadline).
+    pub(crate) async fn fresh(&self, left: Duration) -> std::result::Result<(), SessionEnd> {
+        let mut rx = self.inner.state.subscribe();
+        loop {
+            let s = rx.get_and_update();
+            if let Some(end) = s.ended {
+                return Err(end);
+            }
+            let now = Instant::now();
+            if self.inner.past_deadline(now) {
+                self.inner.end(SessionEnd::Expired);
+                continue;
+            }
+            if s.deadline.saturating_duration_since(now) >= left || ignores_deadline() {
+                return Ok(());
+            }
+            self.inner.renew_now.notify_one();
+            tokio::select! {
+                biased;
+                changed = rx.changed() => if changed.is_err() { return Err(SessionEnd::Orphaned) },
+                _ = sleep_until(s.deadline) => {}
+            }
+        }
+    }
 }
 
-/// One lease, renewed about every TTL/3, with a local deadline.
+/// One lease, renewed about every TTL/3, with a local deadline. See the module docs.
 ///
-/// # Drop
-/// Dropping a session stops renewing without revoking: the lease expires after its TTL.
-/// Use [`close`](Session::close) to give it up at once.
+/// # Stop and drop
+/// [`stop`](Session::stop) revokes the lease and says whether that worked; its keys disappear
+/// at once. Dropping a session stops renewing without revoking (the lease expires after its
+/// TTL, as after a crash), unless [`SessionConfig::revoke_on_drop`] is set.
 ///
 /// ```no_run
 /// # async fn run(store: std::sync::Arc<coord_api::DynKvLeaseStore>) -> coord_api::Result<()> {
@@ -195,44 +314,72 @@ impl SessionHandle {
 /// let session = Session::new(store, SessionConfig::default()).await?;
 /// tokio::select! {
 ///     end = session.done() => println!("lost the session: {end}"),
-///     _ = tokio::time::sleep(std::time::Duration::from_secs(60)) => session.close().await?,
+///     _ = tokio::time::sleep(std::time::Duration::from_secs(60)) => session.stop().await?,
 /// }
 /// # Ok(()) }
 /// ```
+#[must_use = "dropping a session stops renewing its lease"]
 #[derive(Debug)]
 pub struct Session {
     handle: SessionHandle,
     cancel: CancellationToken,
     task: Mutex<Option<JoinHandle<()>>>,
+    revoke_on_drop: bool,
 }
 
 impl Session {
     /// Grants a lease and starts renewing it.
     ///
     /// # Errors
-    /// Whatever the grant fails with.
+    /// Whatever the grant fails with; and when the grant's reply took longer than a renewal
+    /// period, whatever the renewal that follows it at once fails with (the lease is then
+    /// revoked in the background).
     pub async fn new(store: Arc<DynKvLeaseStore>, config: SessionConfig) -> Result<Self> {
         let sent = Instant::now();
         let grant = store.grant(config.ttl).await?;
-        let (state, _) = watch::channel(State {
-            deadline: sent + grant.ttl,
-            ended: None,
-        });
         let inner = Arc::new(Inner {
             store,
             lease: grant.id,
             ttl: grant.ttl,
             revoke_on_expiry: config.revoke_on_expiry,
-            state,
+            state: watch::Sender::new(State {
+                deadline: sent + grant.ttl,
+                ended: None,
+                last_renewal: None,
+            }),
+            renew_now: Notify::new(),
         });
         let every = config.renew_interval.unwrap_or(grant.ttl / 3);
-        let cancel = CancellationToken::new();
         let span = tracing::info_span!("session", lease_id = %grant.id, ttl_ms = grant.ttl.as_millis() as u64);
-        let task = tokio::spawn(renew(inner.clone(), every, cancel.clone()).instrument(span));
+        let cancel = CancellationToken::new();
+        let mut renewer = Renewer::new(inner.clone(), every);
+        let mut next = sent + every;
+        if Instant::now() >= next {
+            // The grant's reply came late: the lease is older than it looks, and waiting for
+            // the regular cadence could pass the deadline before the first renewal.
+            let took = sent.elapsed();
+            tracing::info!(parent: &span, took_ms = took.as_millis() as u64, "lease granted late; renewing before use");
+            match renewer.renew(&cancel).instrument(span.clone()).await {
+                Attempt::Renewed { sent } => next = sent + every,
+                other => {
+                    inner.end(SessionEnd::Expired);
+                    if !config.revoke_on_expiry {
+                        release_lease(inner.store.clone(), inner.lease);
+                    }
+                    return Err(match other {
+                        Attempt::Failed(e) | Attempt::Ended(Some(e)) => e,
+                        _ => Error::LeaseNotFound { lease: grant.id },
+                    });
+                }
+            }
+        }
+        tracing::debug!(parent: &span, "session started");
+        let task = tokio::spawn(renewer.run(next, cancel.clone()).instrument(span));
         Ok(Session {
             handle: SessionHandle { inner },
             cancel,
             task: Mutex::new(Some(task)),
+            revoke_on_drop: config.revoke_on_drop,
         })
     }
 
@@ -261,6 +408,11 @@ impl Session {
         self.handle.done().await
     }
 
+    /// Whether renewals are working: the last acknowledged one, the time left.
+    pub fn health(&self) -> SessionHealth {
+        self.handle.health()
+    }
+
     /// A handle that follows this session's liveness.
     pub fn handle(&self) -> SessionHandle {
         self.handle.clone()
@@ -279,22 +431,42 @@ impl Session {
         }
     }
 
-    /// Stops renewing and revokes the lease: its keys disappear now. Idempotent.
-    ///
-    /// # Errors
-    /// Whatever the revoke fails with, except that a lease already gone is success.
-    pub async fn close(&self) -> Result<()> {
+    /// Stops renewing and revokes the lease, for a session shared behind an `Arc`
+    /// ([`stop`](Self::stop) takes it by value).
+    pub(crate) async fn close(&self) -> Result<()> {
         self.stop_renewing().await;
         self.handle.inner.end(SessionEnd::Closed);
-        match self.handle.inner.store.revoke(self.lease()).await {
+        let inner = &self.handle.inner;
+        match inner.store.revoke(inner.lease).await {
             Ok(_) | Err(Error::LeaseNotFound { .. }) => Ok(()),
-            Err(e) => Err(e),
+            Err(e) => {
+                // Its keys would stay until it expires, or longer if the store restarts and
+                // refreshes it: keep trying.
+                release_lease(inner.store.clone(), inner.lease);
+                Err(e)
+            }
         }
+    }
+
+    /// Stops renewing and revokes the lease: its keys disappear now.
+    ///
+    /// # Errors
+    /// Whatever the revoke fails with (a lease already gone is success). The revoke is then
+    /// retried in the background until it lands or the lease is gone.
+    pub async fn stop(self) -> Result<()> {
+        self.close().await
+    }
+
+    /// Stops renewing, recording why the owner gave the session up (a lease it found gone, a
+    /// deadline it saw pass), without revoking.
+    pub(crate) fn end(self, why: SessionEnd) {
+        self.cancel.cancel();
+        self.handle.inner.end(why);
     }
 
     /// Stops renewing without revoking: the lease (and its keys) expire after the TTL, or
     /// another process can take it over.
-    pub async fn orphan(&self) {
+    pub async fn orphan(self) {
         self.stop_renewing().await;
         self.handle.inner.end(SessionEnd::Orphaned);
     }
@@ -303,34 +475,50 @@ impl Session {
 impl Drop for Session {
     fn drop(&mut self) {
         self.cancel.cancel();
+        let inner = &self.handle.inner;
+        if inner.state().ended.is_some() {
+            return;
+        }
+        if self.revoke_on_drop {
+            inner.end(SessionEnd::Closed);
+            release_lease(inner.store.clone(), inner.lease);
+        } else {
+            tracing::info!(lease_id = %inner.lease, "session dropped; its lease is left to expire");
+            inner.end(SessionEnd::Orphaned);
+        }
     }
 }
 
-/// A session whose deadline passed is over for us, but the store may still hold its lease:
-/// renewals that arrived without their replies coming back (a one-way partition), or an etcd
-/// restart that refreshed every lease. Its keys (a queued candidate, a registration) would
-/// linger until the store expires them, blocking the queue behind them. So revoke it, in the
-/// background and without the session's cancellation (the session is being replaced), for up
-/// to two TTLs.
-pub(crate) fn revoke_abandoned(store: Arc<DynKvLeaseStore>, lease: LeaseId, ttl: Duration) {
-    let retry = ttl / 3;
-    tokio::spawn(
+/// Revokes `lease` in the background until the store says it is gone. A lease we no longer
+/// renew may still live at the store (renewals arrived without their replies, an etcd restart
+/// refreshed it), and keys under it, such as a queued candidate, block others until it
+/// expires; after a long outage a restarted etcd refreshes it again, so the revoke must keep
+/// trying, not give up after a while.
+pub(crate) fn release_lease(store: Arc<DynKvLeaseStore>, lease: LeaseId) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(lease_id = %lease, "no runtime to revoke an abandoned lease; it will expire");
+        return;
+    };
+    rt.spawn(
         async move {
-            let give_up = Instant::now() + ttl * 2;
+            let mut backoff = retry::store_backoff(retry::seed(&[&lease.0.to_le_bytes()]));
+            let mut attempts = 0u32;
             loop {
+                attempts += 1;
                 match store.revoke(lease).await {
                     Ok(_) => {
-                        tracing::info!("revoked the expired session's lease");
+                        tracing::info!(lease_id = %lease, attempts, "revoked an abandoned lease");
                         return;
                     }
                     Err(Error::LeaseNotFound { .. }) => return,
-                    Err(_) if Instant::now() + retry < give_up => sleep(retry).await,
                     Err(e) => {
                         tracing::debug!(
+                            lease_id = %lease,
+                            attempts,
                             error = &e as &dyn std::error::Error,
-                            "could not revoke the expired session's lease; it will expire"
+                            "could not revoke an abandoned lease yet; retrying"
                         );
-                        return;
+                        backoff.wait().await;
                     }
                 }
             }
@@ -344,63 +532,109 @@ fn ignores_deadline() -> bool {
     crate::planted::enabled(crate::planted::Bug::StepDownOnRenewalReply)
 }
 
-/// Renews every `every` until cancelled, the lease is gone, or the deadline passes.
-async fn renew(inner: Arc<Inner>, every: Duration, cancel: CancellationToken) {
-    let mut channel: Option<Box<dyn KeepAlive>> = None;
-    let mut next = Instant::now() + every;
-    // After a failed renewal, try again sooner than the regular cadence.
-    let retry = (every / 4).max(Duration::from_millis(50));
-    loop {
-        let deadline = inner.state().deadline;
-        tokio::select! {
-            biased;
-            _ = cancel.cancelled() => return,
-            _ = sleep_until(deadline), if !ignores_deadline() => {
-                tracing::warn!("session expired: no renewal acknowledged before the deadline");
-                inner.end(SessionEnd::Expired);
-                return;
-            }
-            _ = sleep_until(next) => {}
+/// What one renewal came to.
+enum Attempt {
+    /// Acknowledged; it was sent at `sent`.
+    Renewed { sent: Instant },
+    /// Not acknowledged (no answer in time, a dead channel, an unreachable store); the lease
+    /// may still live.
+    Failed(Error),
+    /// The session ended (its lease gone, its deadline passed) or was cancelled.
+    Ended(Option<Error>),
+}
+
+/// The renewal loop's state: the channel, the period, the backoff after failures.
+struct Renewer {
+    inner: Arc<Inner>,
+    channel: Option<Box<dyn KeepAlive>>,
+    every: Duration,
+    backoff: Backoff,
+}
+
+impl Renewer {
+    fn new(inner: Arc<Inner>, every: Duration) -> Self {
+        let seed = retry::seed(&[&inner.lease.0.to_le_bytes()]);
+        Renewer {
+            inner,
+            channel: None,
+            every,
+            // After a failed renewal, try again sooner than the regular cadence.
+            backoff: Backoff::new((every / 4).max(Duration::from_millis(50)), every, seed),
         }
-        if channel.is_none() {
-            match inner.store.keep_alive(inner.lease).await {
-                Ok(c) => channel = Some(c),
+    }
+
+    fn expired(&self, when: &str) -> Attempt {
+        tracing::warn!("session expired: no renewal acknowledged before the deadline ({when})");
+        self.inner.end(SessionEnd::Expired);
+        Attempt::Ended(None)
+    }
+
+    /// Sends one renewal and waits for its answer, at most until the next renewal is due (or
+    /// the deadline, if sooner): a later answer is no use, the next renewal goes instead, on a
+    /// fresh channel.
+    async fn renew(&mut self, cancel: &CancellationToken) -> Attempt {
+        let deadline = self.inner.state().deadline;
+        let deadline_counts = !ignores_deadline();
+        if self.channel.is_none() {
+            let opened = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return Attempt::Ended(None),
+                _ = sleep_until(deadline), if deadline_counts => return self.expired("opening a channel"),
+                c = self.inner.store.keep_alive(self.inner.lease) => c,
+            };
+            match opened {
+                Ok(c) => self.channel = Some(c),
                 Err(e) => {
                     tracing::debug!(
                         error = &e as &dyn std::error::Error,
                         "could not open a keep-alive channel"
                     );
-                    next = Instant::now() + retry;
-                    continue;
+                    return Attempt::Failed(e);
                 }
             }
         }
         // Measured before sending: the server cannot expire the lease earlier than TTL after
         // this instant.
         let sent = Instant::now();
-        let ch = channel.as_mut().expect("opened above");
+        let answer_by = if deadline_counts {
+            (sent + self.every).min(deadline)
+        } else {
+            sent + self.every
+        };
+        let ch = self.channel.as_mut().expect("opened above");
         let result = tokio::select! {
             biased;
-            _ = cancel.cancelled() => return,
-            _ = sleep_until(deadline), if !ignores_deadline() => {
-                tracing::warn!("session expired while a renewal was outstanding");
-                inner.end(SessionEnd::Expired);
-                return;
+            _ = cancel.cancelled() => return Attempt::Ended(None),
+            _ = sleep_until(deadline), if deadline_counts => {
+                return self.expired("a renewal was outstanding");
+            }
+            _ = sleep_until(answer_by) => {
+                // A late answer on this channel could be mistaken for the next renewal's:
+                // drop it, and renew on a fresh one.
+                self.channel = None;
+                tracing::debug!(waited_ms = self.every.as_millis() as u64, "renewal not answered in time; abandoned");
+                return Attempt::Failed(Error::Unavailable {
+                    backend: self.inner.store.backend(),
+                    operation: "keep-alive",
+                    source: format!("no answer within {:?}", answer_by - sent).into(),
+                });
             }
             r = ch.renew() => r,
         };
         match result {
             Ok(ttl) => {
-                inner
-                    .state
-                    .send_modify(|s| s.deadline = s.deadline.max(sent + ttl));
+                let now = Instant::now();
+                self.inner.state.send_modify(|s| {
+                    s.deadline = s.deadline.max(sent + ttl);
+                    s.last_renewal = Some(now);
+                });
                 tracing::trace!(ttl_ms = ttl.as_millis() as u64, "renewed");
-                next = sent + every;
+                Attempt::Renewed { sent }
             }
-            Err(Error::LeaseNotFound { .. }) => {
+            Err(e @ Error::LeaseNotFound { .. }) => {
                 tracing::warn!("session lost: the store reports the lease gone");
-                inner.end(SessionEnd::LeaseLost);
-                return;
+                self.inner.end(SessionEnd::LeaseLost);
+                Attempt::Ended(Some(e))
             }
             Err(e) => {
                 // The channel died (or the store is unreachable): the lease may still live,
@@ -409,8 +643,34 @@ async fn renew(inner: Arc<Inner>, every: Duration, cancel: CancellationToken) {
                     error = &e as &dyn std::error::Error,
                     "renewal failed; re-opening the channel"
                 );
-                channel = None;
-                next = Instant::now() + retry;
+                self.channel = None;
+                Attempt::Failed(e)
+            }
+        }
+    }
+
+    /// Renews from `next` on, every period after the last send, until cancelled, the lease
+    /// is gone, or the deadline passes.
+    async fn run(mut self, mut next: Instant, cancel: CancellationToken) {
+        loop {
+            let deadline = self.inner.state().deadline;
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => return,
+                _ = sleep_until(deadline), if !ignores_deadline() => {
+                    self.expired("waiting to renew");
+                    return;
+                }
+                _ = self.inner.renew_now.notified() => {}
+                _ = sleep_until(next) => {}
+            }
+            match self.renew(&cancel).await {
+                Attempt::Renewed { sent } => {
+                    self.backoff.reset();
+                    next = sent + self.every;
+                }
+                Attempt::Failed(_) => next = Instant::now() + self.backoff.next_delay(),
+                Attempt::Ended(_) => return,
             }
         }
     }

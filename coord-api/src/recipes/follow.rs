@@ -1,0 +1,161 @@
+//! Following one key from a revision: each change to it, in order, through broken streams.
+//!
+//! Every wait on a key in the recipes (a leader's own key, a candidate's predecessor, a
+//! registration's key, an observed leader) goes through [`Follow`]: it watches from the
+//! revision after the last one it has seen; when the stream breaks (a lost connection,
+//! compaction, a member going away) it re-reads the key and reports what changed in the gap,
+//! then watches again, backing off while the store does not answer. It never gives up: the
+//! caller bounds the wait (by a session's end, a cancellation).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::StreamExt;
+
+use super::retry::{self, Backoff};
+use crate::error::Error;
+use crate::request::{GetRequest, WatchRequest};
+use crate::store::{DynKvLeaseStore, WatchStream};
+use crate::types::{EventKind, KeyValue};
+
+/// A change to the followed key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// The key was written (created, or overwritten).
+    Put(KeyValue),
+    /// The key was deleted, at this revision (or found gone by a re-read at it).
+    Deleted(i64),
+}
+
+/// Follows one key; see the module docs.
+pub(crate) struct Follow {
+    store: Arc<DynKvLeaseStore>,
+    key: Bytes,
+    /// The first revision not yet seen.
+    from: i64,
+    /// The key as last reported: its create and mod revisions, `None` while absent.
+    last: Option<(i64, i64)>,
+    stream: Option<WatchStream>,
+    pending: VecDeque<Change>,
+    backoff: Backoff,
+}
+
+impl Follow {
+    /// Follows `key` from revision `from` on, knowing it as `known` (its create and mod
+    /// revisions, `None` if absent) just before `from`.
+    pub(crate) fn new(
+        store: Arc<DynKvLeaseStore>,
+        key: impl Into<Bytes>,
+        from: i64,
+        known: Option<(i64, i64)>,
+    ) -> Self {
+        let key = key.into();
+        let seed = retry::seed(&[&key]);
+        Follow {
+            store,
+            key,
+            from,
+            last: known,
+            stream: None,
+            pending: VecDeque::new(),
+            backoff: retry::store_backoff(seed),
+        }
+    }
+
+    /// The next change to the key.
+    pub(crate) async fn next(&mut self) -> Change {
+        loop {
+            if let Some(c) = self.pending.pop_front() {
+                return c;
+            }
+            let Some(stream) = self.stream.as_mut() else {
+                let req = WatchRequest::key(self.key.to_vec()).with_start_revision(self.from);
+                match self.store.watch(req).await {
+                    Ok(s) => {
+                        self.stream = Some(s);
+                        // A watch from the past is caught up only on the store's next sync
+                        // (etcd: 100 ms), so what happened before it opened is read now; the
+                        // stream's replay of it is skipped below.
+                        self.reread().await;
+                    }
+                    // Gone from history: only a re-read can say where the key stands.
+                    Err(Error::Compacted { .. }) => self.reread().await,
+                    Err(e) => {
+                        tracing::debug!(key = %String::from_utf8_lossy(&self.key), error = &e as &dyn std::error::Error, "could not watch a key; retrying");
+                        self.backoff.wait().await;
+                    }
+                }
+                continue;
+            };
+            match stream.next().await {
+                Some(Ok(batch)) => {
+                    self.backoff.reset();
+                    let seen = self.from;
+                    let events = batch.events.into_iter();
+                    for e in events.filter(|e| e.kv.key == self.key && e.kv.mod_revision >= seen) {
+                        match e.kind {
+                            EventKind::Put => {
+                                self.last = Some((e.kv.create_revision, e.kv.mod_revision));
+                                self.pending.push_back(Change::Put(e.kv));
+                            }
+                            EventKind::Delete => {
+                                self.last = None;
+                                self.pending.push_back(Change::Deleted(e.kv.mod_revision));
+                            }
+                        }
+                    }
+                    self.from = self.from.max(batch.revision + 1);
+                }
+                // Compacted, closed, ended: what happened in the gap is read, not watched.
+                Some(Err(_)) | None => {
+                    self.stream = None;
+                    self.reread().await;
+                }
+            }
+        }
+    }
+
+    /// Reads the key and reports how it differs from what was last reported; watches resume
+    /// after the read's revision.
+    async fn reread(&mut self) {
+        let read = self.store.get(GetRequest::key(self.key.to_vec())).await;
+        let r = match read {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(key = %String::from_utf8_lossy(&self.key), error = &e as &dyn std::error::Error, "could not read a key; retrying");
+                self.backoff.wait().await;
+                return;
+            }
+        };
+        let now = r.kvs.into_iter().next();
+        let state = now.as_ref().map(|kv| (kv.create_revision, kv.mod_revision));
+        match (self.last, now) {
+            (None, None) => {}
+            (Some(_), None) => self.pending.push_back(Change::Deleted(r.revision)),
+            (before, Some(kv)) => {
+                if before.is_some_and(|(created, _)| created != kv.create_revision) {
+                    // Deleted and created again in the gap.
+                    self.pending.push_back(Change::Deleted(kv.create_revision));
+                }
+                if before != state {
+                    self.pending.push_back(Change::Put(kv));
+                }
+            }
+        }
+        self.last = state;
+        self.from = self.from.max(r.revision + 1);
+    }
+
+    /// Waits until the key is no longer the incarnation `mine` accepts (deleted, or written by
+    /// someone else); returns the revision at which that was seen.
+    pub(crate) async fn until_gone(&mut self, mine: impl Fn(&KeyValue) -> bool) -> i64 {
+        loop {
+            match self.next().await {
+                Change::Deleted(revision) => return revision,
+                Change::Put(kv) if !mine(&kv) => return kv.mod_revision,
+                Change::Put(_) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! The one retry policy of the recipes: exponential backoff with jitter, seeded so that a
+//! simulation replays exactly, and diverse across hosts so that a fleet that lost the same
+//! etcd does not come back in lockstep.
+//!
+//! Every wait that retries (a heal, a renewal after a failure, a watch re-opened, a listing
+//! retried, a clean-up retried until it lands) draws its delays from a [`Backoff`]; nothing in
+//! the recipes sleeps a fixed time or doubles without jitter.
+
+use std::time::Duration;
+
+/// Exponential backoff: `initial`, doubling, capped at `max`, each delay jittered down by up
+/// to half.
+#[derive(Debug, Clone)]
+pub(crate) struct Backoff {
+    initial: Duration,
+    max: Duration,
+    next: Duration,
+    rng: u64,
+}
+
+impl Backoff {
+    /// A backoff from `initial` to `max`, jittered from `seed`.
+    pub(crate) fn new(initial: Duration, max: Duration, seed: u64) -> Self {
+        Backoff {
+            initial,
+            max: max.max(initial),
+            next: initial,
+            rng: seed,
+        }
+    }
+
+    /// The next delay.
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        let base = self.next;
+        self.next = (self.next * 2).min(self.max);
+        // splitmix64: cheap, seedable, good enough for jitter.
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        let fraction = (z >> 11) as f64 / (1u64 << 53) as f64;
+        base.mul_f64(1.0 - fraction / 2.0)
+    }
+
+    /// Starts over from `initial` (after a success).
+    pub(crate) fn reset(&mut self) {
+        self.next = self.initial;
+    }
+
+    /// Sleeps the next delay.
+    pub(crate) async fn wait(&mut self) {
+        tokio::time::sleep(self.next_delay()).await;
+    }
+}
+
+/// A jitter seed from what identifies the waiter (a key, an election, a lease): the same in
+/// every run of a simulation, different from one host to the next.
+pub(crate) fn seed(parts: &[&[u8]]) -> u64 {
+    // FNV-1a, with a separator so that ("ab", "c") and ("a", "bc") differ.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for b in part.iter().chain(&[0xff]) {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// The backoff of waits on the store that must not give up (re-opening a watch, re-reading,
+/// retrying a clean-up): 100 ms, doubling to 1 s, so a recipe is back within about a second
+/// of the store answering again.
+pub(crate) fn store_backoff(seed: u64) -> Backoff {
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(1), seed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn doubles_from_100ms_to_a_30s_cap_with_bounded_jitter() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(30), 7);
+        let mut base = Duration::from_millis(100);
+        for _ in 0..12 {
+            let d = b.next_delay();
+            assert!(
+                d <= base && d >= base / 2,
+                "{d:?} not in [{:?}, {base:?}]",
+                base / 2
+            );
+            base = (base * 2).min(Duration::from_secs(30));
+        }
+        b.reset();
+        assert!(b.next_delay() <= Duration::from_millis(100));
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_delays_and_hosts_differ() {
+        let run = |seed| {
+            let mut b = Backoff::new(Duration::from_millis(100), Duration::from_secs(30), seed);
+            (0..8).map(|_| b.next_delay()).collect::<Vec<_>>()
+        };
+        assert_eq!(run(1), run(1));
+        assert_ne!(run(1), run(2));
+        let (a, b) = (seed(&[b"hosts/a"]), seed(&[b"hosts/b"]));
+        assert_ne!(run(a), run(b), "two hosts back off differently");
+        assert_ne!(seed(&[b"ab", b"c"]), seed(&[b"a", b"bc"]));
+    }
+}
