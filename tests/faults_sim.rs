@@ -248,3 +248,151 @@ async fn the_same_seed_replays_the_same_history() {
     let c = scenario(8).await;
     assert_ne!(a, c);
 }
+
+/// Issue 10, bug 3: a registration whose session expired at its local deadline while its
+/// renewals kept arriving (replies lost, a one-way partition) leaves its lease alive at the
+/// store, and the key with it. A stop that lands before the heal re-puts the key must still
+/// remove it: when `stop()` returns `Ok`, the key is gone.
+#[tokio::test(start_paused = true)]
+async fn a_stop_during_a_heal_removes_the_key_left_under_an_abandoned_lease() {
+    let sim = SimStore::new();
+    let client = sim.connect();
+    let reg = HostRegistration::start(
+        dyn_store(&client),
+        RegistrationConfig::new("hosts/a", "m").with_ttl(TTL),
+    )
+    .await
+    .unwrap();
+    let old = reg.lease_id();
+    let mut status = reg.subscribe();
+    client.partition_oneway();
+    within(
+        TTL * 2,
+        "the session to expire and the heal to start",
+        async {
+            status
+                .wait_for(|s| matches!(s, RegistrationStatus::Healing { .. }))
+                .await
+                .unwrap()
+        },
+    )
+    .await;
+    // The renewals arrived: the store still holds the lease, and the key under it.
+    assert!(sim.time_to_live(old).await.is_ok());
+    assert_eq!(sim.get_key("hosts/a").await.unwrap().unwrap().lease, old);
+    client.repair_oneway();
+    reg.stop().await.unwrap();
+    assert!(
+        sim.get_key("hosts/a").await.unwrap().is_none(),
+        "stop() returned Ok and left the key under the abandoned lease {old}"
+    );
+    // And nothing brings it back.
+    tokio::time::sleep(TTL * 2).await;
+    assert!(sim.get_key("hosts/a").await.unwrap().is_none());
+}
+
+/// Who believes they lead, from when, until when (`None` while it lasts).
+type Beliefs = Arc<std::sync::Mutex<Vec<(&'static str, Instant, Option<Instant>)>>>;
+
+/// Candidates a, b and c campaign for as long as the test runs, each on a session of its own
+/// that it replaces when it ends, recording each leadership it believes in.
+fn candidates(sim: &SimStore, ttl: Duration) -> Beliefs {
+    let beliefs = Beliefs::default();
+    for who in ["a", "b", "c"] {
+        let (store, beliefs) = (dyn_store(&sim.connect()), beliefs.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok(session) =
+                    Session::new(store.clone(), SessionConfig::default().with_ttl(ttl)).await
+                else {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                };
+                if let Ok(lead) = Election::new(&session, "e").campaign(who).await {
+                    let i = {
+                        let mut b = beliefs.lock().unwrap();
+                        b.push((who, Instant::now(), None));
+                        b.len() - 1
+                    };
+                    lead.lost().await;
+                    beliefs.lock().unwrap()[i].2 = Some(Instant::now());
+                }
+            }
+        });
+    }
+    beliefs
+}
+
+fn someone_leads(beliefs: &Beliefs) -> bool {
+    beliefs.lock().unwrap().iter().any(|b| b.2.is_none())
+}
+
+/// Issue 10, bug 4: after the store was down (2, 10 and 30 s), a leader exists within
+/// TTL + 1 s of it answering again. The candidates' sessions expired meanwhile; a restarted
+/// etcd refreshes their leases (TTL + election timeout), so their queued keys would block the
+/// live candidates for that long unless the clean-up keeps trying until they are gone.
+#[tokio::test(start_paused = true)]
+async fn a_leader_within_a_ttl_of_the_store_answering_after_outages() {
+    let ttl = Duration::from_secs(3);
+    // Longer than the bound's slack, so that waiting for the old keys to expire fails it.
+    let election_timeout = Duration::from_secs(2);
+    let sim = SimStore::new();
+    let beliefs = candidates(&sim, ttl);
+    eventually(Duration::from_secs(2), "a first leader", || async {
+        someone_leads(&beliefs)
+    })
+    .await;
+    for outage in [2, 10, 30].map(Duration::from_secs) {
+        tokio::time::sleep(ttl).await;
+        sim.crash();
+        tokio::time::sleep(outage).await;
+        sim.restart(election_timeout);
+        let back = Instant::now();
+        eventually(
+            ttl + Duration::from_secs(1),
+            "a leader after the outage",
+            || async { someone_leads(&beliefs) },
+        )
+        .await;
+        println!(
+            "outage {outage:?}: a leader {:?} after the store answered",
+            back.elapsed()
+        );
+    }
+    // Never two at once.
+    let b = beliefs.lock().unwrap();
+    for (i, x) in b.iter().enumerate() {
+        for y in &b[i + 1..] {
+            let x_end = x.2.unwrap_or_else(Instant::now);
+            assert!(x_end <= y.1, "{} and {} both led", x.0, y.0);
+        }
+    }
+}
+
+/// A grant answered after the deadline its send implies (longer than the TTL): nothing relies
+/// on the session yet, so it renews at once and starts with a full deadline, instead of being
+/// born expired.
+#[tokio::test(start_paused = true)]
+async fn a_grant_answered_later_than_its_ttl_still_gives_a_session() {
+    let ttl = Duration::from_secs(3);
+    let sim = SimStore::new();
+    let client = sim.connect();
+    client.set_latency(ttl + Duration::from_secs(1));
+    let store = dyn_store(&client);
+    let sent = Instant::now();
+    let pending =
+        tokio::spawn(
+            async move { Session::new(store, SessionConfig::default().with_ttl(ttl)).await },
+        );
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    client.set_latency(Duration::ZERO);
+    let s = pending.await.unwrap().unwrap();
+    assert!(
+        sent.elapsed() > ttl,
+        "the grant was answered {:?} late",
+        sent.elapsed()
+    );
+    assert!(s.health().remaining >= ttl - ttl / 3);
+    let quiet = tokio::time::timeout(ttl * 2, s.done()).await;
+    assert!(quiet.is_err(), "{quiet:?}");
+}

@@ -359,7 +359,10 @@ impl Session {
             // the regular cadence could pass the deadline before the first renewal.
             let took = sent.elapsed();
             tracing::info!(parent: &span, took_ms = took.as_millis() as u64, "lease granted late; renewing before use");
-            match renewer.renew(&cancel).instrument(span.clone()).await {
+            // Nothing relies on the session yet, so its deadline (counted from the grant's
+            // send) may pass meanwhile: a renewal acknowledged now proves the lease lives a
+            // TTL from this renewal's send.
+            match renewer.renew(&cancel, false).instrument(span.clone()).await {
                 Attempt::Renewed { sent } => next = sent + every,
                 other => {
                     inner.end(SessionEnd::Expired);
@@ -368,7 +371,9 @@ impl Session {
                     }
                     return Err(match other {
                         Attempt::Failed(e) | Attempt::Ended(Some(e)) => e,
-                        _ => Error::LeaseNotFound { lease: grant.id },
+                        Attempt::Ended(None) | Attempt::Renewed { .. } => Error::Cancelled {
+                            operation: "session",
+                        },
                     });
                 }
             }
@@ -570,11 +575,11 @@ impl Renewer {
     }
 
     /// Sends one renewal and waits for its answer, at most until the next renewal is due (or
-    /// the deadline, if sooner): a later answer is no use, the next renewal goes instead, on a
-    /// fresh channel.
-    async fn renew(&mut self, cancel: &CancellationToken) -> Attempt {
+    /// the deadline, if sooner and `bounded`): a later answer is no use, the next renewal goes
+    /// instead, on a fresh channel.
+    async fn renew(&mut self, cancel: &CancellationToken, bounded: bool) -> Attempt {
         let deadline = self.inner.state().deadline;
-        let deadline_counts = !ignores_deadline();
+        let deadline_counts = bounded && !ignores_deadline();
         if self.channel.is_none() {
             let opened = tokio::select! {
                 biased;
@@ -664,7 +669,7 @@ impl Renewer {
                 _ = self.inner.renew_now.notified() => {}
                 _ = sleep_until(next) => {}
             }
-            match self.renew(&cancel).await {
+            match self.renew(&cancel, true).await {
                 Attempt::Renewed { sent } => {
                     self.backoff.reset();
                     next = sent + self.every;
