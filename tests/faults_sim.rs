@@ -396,3 +396,37 @@ async fn a_grant_answered_later_than_its_ttl_still_gives_a_session() {
     let quiet = tokio::time::timeout(ttl * 2, s.done()).await;
     assert!(quiet.is_err(), "{quiet:?}");
 }
+
+/// A campaign whose write may have applied (its reply lost in a partition) hands its key to a
+/// withdrawal that is retried until it lands. The next campaign on the same session, in the
+/// same election, writes the same key (`name/<lease>`): the withdrawal must be called off, not
+/// land after it and delete the new leader's key (seen under chaos: seeds 1240, 8794, 8908).
+#[tokio::test(start_paused = true)]
+async fn a_pending_withdrawal_never_deletes_the_next_campaigns_key() {
+    let sim = SimStore::with_config(
+        coord_sim::SimConfig::default().with_request_timeout(Duration::from_secs(1)),
+    );
+    let client = sim.connect();
+    let session = Session::new(dyn_store(&client), SessionConfig::default().with_ttl(TTL))
+        .await
+        .unwrap();
+    let election = Election::new(&session, "e");
+    client.partition();
+    let err = election.campaign("first").await.unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Indeterminate, "{err:?}");
+    // The withdrawal is now retrying (each attempt lost, timing out after 1 s).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    client.repair();
+    let lead = election.campaign("second").await.unwrap();
+    let key = lead.key().key.clone();
+    // Long after any withdrawal retry would have landed, the leadership and its key stand.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(lead.is_leader(), "lost: {:?}", lead.loss());
+    assert_eq!(
+        sim.get_key(key.to_vec())
+            .await
+            .unwrap()
+            .map(|kv| kv.create_revision),
+        Some(lead.token())
+    );
+}

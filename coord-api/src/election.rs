@@ -54,11 +54,32 @@ pub fn candidate_key(name: &str, lease: LeaseId) -> String {
     format!("{}{lease}", prefix_of(name))
 }
 
+/// What becomes of the candidate key of a campaign that did not finish (dropped, timed out,
+/// failed after its write).
+pub(crate) enum Cleanup {
+    /// One delete in the background, right away (the trait's own `campaign`).
+    Once,
+    /// Handed to whoever owns the lease (a session), which retries it until the key is gone
+    /// or a newer campaign for the same key takes the key over.
+    HandOff(Box<dyn FnOnce(Arc<DynKvLeaseStore>, LeaderKey) + Send>),
+}
+
 pub(crate) async fn campaign<S: KvLeaseStore + ?Sized>(
     store: &S,
     name: &str,
     value: Bytes,
     lease: LeaseId,
+) -> Result<LeaderKey> {
+    campaign_with(store, name, value, lease, Cleanup::Once).await
+}
+
+/// The campaign algorithm; see [`KvLeaseStore::campaign`].
+pub(crate) async fn campaign_with<S: KvLeaseStore + ?Sized>(
+    store: &S,
+    name: &str,
+    value: Bytes,
+    lease: LeaseId,
+    cleanup: Cleanup,
 ) -> Result<LeaderKey> {
     validate::election_name(name)?;
     let key = candidate_key(name, lease);
@@ -71,15 +92,25 @@ pub(crate) async fn campaign<S: KvLeaseStore + ?Sized>(
     };
     // Armed before the write: a reply lost in flight (Indeterminate) or a cancellation while
     // it is outstanding must not leave a candidate queued that nobody waits for.
-    let mut guard = CleanupGuard::new(store.shared(), leader.clone());
-    let resp = store
+    let mut guard = CleanupGuard::new(store.shared(), leader.clone(), cleanup);
+    let written = store
         .txn(
             TxnRequest::new()
                 .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
                 .and_then([PutRequest::new(key.clone(), value.to_vec()).with_lease(lease)])
                 .or_else([GetRequest::key(key.clone())]),
         )
-        .await?;
+        .await;
+    let resp = match written {
+        Ok(r) => r,
+        Err(e) => {
+            // Only a write that may have applied can have left a key behind.
+            if e.class() != ErrorClass::Indeterminate {
+                guard.disarm();
+            }
+            return Err(e);
+        }
+    };
     leader.revision = resp.revision;
     if !resp.succeeded {
         // Our key already exists (this lease campaigned before): rejoin at its place.
@@ -187,13 +218,15 @@ async fn wait_for_turn<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) 
 struct CleanupGuard {
     store: Option<Arc<DynKvLeaseStore>>,
     leader: LeaderKey,
+    cleanup: Option<Cleanup>,
 }
 
 impl CleanupGuard {
-    fn new(store: Arc<DynKvLeaseStore>, leader: LeaderKey) -> Self {
+    fn new(store: Arc<DynKvLeaseStore>, leader: LeaderKey, cleanup: Cleanup) -> Self {
         CleanupGuard {
             store: Some(store),
             leader,
+            cleanup: Some(cleanup),
         }
     }
 
@@ -204,52 +237,43 @@ impl CleanupGuard {
 
 impl Drop for CleanupGuard {
     fn drop(&mut self) {
-        let Some(store) = self.store.take() else {
+        let (Some(store), Some(cleanup)) = (self.store.take(), self.cleanup.take()) else {
             return;
         };
         let leader = self.leader.clone();
-        // Drop cannot await, so the delete runs as its own task. Without a runtime (dropped
-        // during shutdown) the key stays until its lease ends, which is the most we can do.
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                // Until the key is gone: a candidate nobody waits for blocks everyone queued
-                // behind it, and after a long outage a restarted etcd refreshes its lease.
-                rt.spawn(async move {
-                    let mut backoff = retry::store_backoff(retry::seed(&[&leader.key]));
-                    loop {
-                        match withdraw(&*store, &leader).await {
-                            Ok(()) | Err(Error::LeaseNotFound { .. }) => return,
-                            Err(e) if matches!(e.class(), ErrorClass::Retryable | ErrorClass::Indeterminate) => {
-                                tracing::debug!(
-                                    election = %leader.name,
-                                    error = &e as &dyn std::error::Error,
-                                    "could not delete the key of a cancelled campaign yet; retrying"
-                                );
-                                backoff.wait().await;
-                            }
-                            Err(e) => {
-                                tracing::warn!(
-                                    election = %leader.name,
-                                    error = &e as &dyn std::error::Error,
-                                    "could not delete the key of a cancelled campaign; it stays until its lease ends"
-                                );
-                                return;
-                            }
+        match cleanup {
+            Cleanup::HandOff(owner) => owner(store, leader),
+            // Drop cannot await, so the delete runs as its own task. Once only: a delete
+            // retried later could land after a newer campaign with the same lease re-created
+            // (or adopted) the same key, and delete that. Without a runtime (dropped during
+            // shutdown) the key stays until its lease ends.
+            Cleanup::Once => match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(async move {
+                        if let Err(e) = withdraw(&*store, &leader).await {
+                            tracing::warn!(
+                                election = %leader.name,
+                                error = &e as &dyn std::error::Error,
+                                "could not delete the key of a cancelled campaign; it stays until its lease ends"
+                            );
                         }
-                    }
-                });
-            }
-            Err(_) => tracing::warn!(
-                election = %leader.name,
-                "campaign dropped outside a runtime; its key stays until its lease ends"
-            ),
+                    });
+                }
+                Err(_) => tracing::warn!(
+                    election = %leader.name,
+                    "campaign dropped outside a runtime; its key stays until its lease ends"
+                ),
+            },
         }
     }
 }
 
 /// Deletes a candidate key that is ours: by create revision when known, else by lease (the
 /// key's name embeds our lease, so a key under it with our lease can only be ours).
-async fn withdraw<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) -> Result<()> {
+pub(crate) async fn withdraw<S: KvLeaseStore + ?Sized>(
+    store: &S,
+    leader: &LeaderKey,
+) -> Result<()> {
     if leader.revision != 0 {
         return resign(store, leader).await;
     }

@@ -239,6 +239,17 @@ impl Truth {
             .expect("revision 0 is always there")
     }
 
+    /// The election's leader (the oldest key's create revision) just after `revision`.
+    pub(crate) fn leader_after(&self, election: usize, revision: i64) -> Option<i64> {
+        let at = *self.revision_at.get(&revision)?;
+        self.leaders
+            .get(&election)?
+            .iter()
+            .take_while(|s| s.from <= at)
+            .last()
+            .and_then(|s| s.token)
+    }
+
     /// The incarnation a client id belongs to (none for the operator and the store).
     pub(crate) fn incarnation_of(&self, client: u64) -> Option<Incarnation> {
         self.clients.get(&client).copied()

@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use super::follow::Follow;
 use super::session::{Session, SessionEnd, SessionHandle, SessionHealth};
-use crate::election::{candidate_key, LeaderKey};
+use crate::election::{self, candidate_key, LeaderKey};
 use crate::error::{Error, Result};
 use crate::request::{Compare, CompareOp, GetRequest, PutRequest, TxnOp, TxnRequest, TxnResponse};
 use crate::store::{DynKvLeaseStore, KvLeaseStore, LeaderStream};
@@ -78,16 +78,15 @@ impl Election {
         if self.session.is_done() {
             return Err(self.ended(self.session.done().await));
         }
+        // Campaigns on one lease in one election write one key: one at a time.
+        let _turn = self.session.campaign_turn(&self.name).await;
+        let cleanup = self.session.cleanup(&self.name);
         let won = tokio::select! {
             biased;
             end = self.session.done() => return Err(self.ended(end)),
-            r = self.store.campaign(&self.name, value, lease) => r?,
+            r = election::campaign_with(&*self.store, &self.name, value, lease, cleanup) => r?,
         };
-        // Never hand out a leadership on a dead session, nor on one with moments left.
-        if let Err(end) = self.session.fresh(self.session.ttl() / 2).await {
-            let _ = self.store.resign(&won).await;
-            return Err(self.ended(end));
-        }
+        self.runway(&won).await?;
         tracing::info!(election = %self.name, token = won.revision, "leadership acquired");
         Ok(Leadership::new(
             self.store.clone(),
@@ -123,9 +122,10 @@ impl Election {
         crate::validate::election_name(&self.name)?;
         let prefix = format!("{}/", self.name);
         let key = candidate_key(&self.name, lease);
+        let _turn = self.session.campaign_turn(&self.name).await;
         // If no candidate exists, put ours; else read the queue. One transaction, so it cannot
         // lose a race with another candidate (go-coord's TryCampaign could, and then blocked).
-        let resp = self
+        let written = self
             .store
             .txn(
                 TxnRequest::new()
@@ -135,7 +135,25 @@ impl Election {
                     .and_then([PutRequest::new(key.clone(), value.to_vec()).with_lease(lease)])
                     .or_else([GetRequest::prefix(prefix)]),
             )
-            .await?;
+            .await;
+        let resp = match written {
+            Ok(r) => r,
+            Err(e) => {
+                // A write that may have applied leaves a key nobody waits for: withdraw it.
+                if e.class() == crate::ErrorClass::Indeterminate {
+                    if let election::Cleanup::HandOff(withdraw) = self.session.cleanup(&self.name) {
+                        let unknown = LeaderKey {
+                            name: self.name.clone(),
+                            key: Bytes::from(key),
+                            revision: 0,
+                            lease,
+                        };
+                        withdraw(self.store.clone(), unknown);
+                    }
+                }
+                return Err(e);
+            }
+        };
         let won = if resp.succeeded {
             LeaderKey {
                 name: self.name.clone(),
@@ -160,10 +178,7 @@ impl Election {
                 _ => return Ok(None),
             }
         };
-        if let Err(end) = self.session.fresh(self.session.ttl() / 2).await {
-            let _ = self.store.resign(&won).await;
-            return Err(self.ended(end));
-        }
+        self.runway(&won).await?;
         tracing::info!(election = %self.name, token = won.revision, "leadership acquired (try)");
         Ok(Some(Leadership::new(
             self.store.clone(),
@@ -184,6 +199,39 @@ impl Election {
     /// Streams the leader: the current one, then each change and each proclaimed value.
     pub async fn observe(&self) -> Result<LeaderStream> {
         self.store.observe(&self.name).await
+    }
+
+    /// Never hands out a leadership on a dead session, nor on one with moments left: waits for
+    /// a renewal when less than half the TTL is left, then confirms the key still leads (it
+    /// may have gone while waiting).
+    async fn runway(&self, won: &LeaderKey) -> Result<()> {
+        match self.session.fresh(self.session.ttl() / 2).await {
+            Ok(false) => Ok(()),
+            Ok(true) => {
+                let leader = self.store.leader(&self.name).await;
+                match leader {
+                    Ok(kv) if kv.key == won.key && kv.create_revision == won.revision => Ok(()),
+                    Ok(_) | Err(Error::NoLeader { .. }) => {
+                        let _ = self.store.resign(won).await;
+                        Err(Error::CandidacyLost {
+                            election: self.name.clone(),
+                            key: String::from_utf8_lossy(&won.key).into_owned(),
+                            lease: won.lease,
+                            reason: "the candidate key was deleted while the session renewed"
+                                .to_owned(),
+                        })
+                    }
+                    Err(e) => {
+                        let _ = self.store.resign(won).await;
+                        Err(e)
+                    }
+                }
+            }
+            Err(end) => {
+                let _ = self.store.resign(won).await;
+                Err(self.ended(end))
+            }
+        }
     }
 
     fn ended(&self, end: SessionEnd) -> Error {

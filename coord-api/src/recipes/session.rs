@@ -18,6 +18,7 @@
 //!   followed at once by a renewal, before [`Session::new`] returns: a new session always has
 //!   at least TTL − KA left on its deadline.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,7 +29,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::retry::{self, Backoff};
-use crate::error::{Error, Result};
+use crate::election::{withdraw, Cleanup};
+use crate::error::{Error, ErrorClass, Result};
 use crate::store::{DynKvLeaseStore, KeepAlive};
 use crate::sync::watch;
 use crate::types::LeaseId;
@@ -159,6 +161,32 @@ struct Inner {
     state: watch::Sender<State>,
     /// Asks the renewal task to renew now (see [`SessionHandle::fresh`]).
     renew_now: Notify,
+    /// Per election: its campaigns on this lease, one at a time (see [`CampaignSlot`]).
+    campaigns: Mutex<BTreeMap<String, Arc<CampaignSlot>>>,
+}
+
+/// One election's campaigns on one lease. They all write the same key (`name/<lease>`), so
+/// they take turns, and the withdrawal of a campaign that did not finish is retried only
+/// until a newer campaign takes the key over: a withdrawal that landed after that would
+/// delete the newer campaign's key (its leadership, even).
+#[derive(Debug, Default)]
+struct CampaignSlot {
+    turn: Arc<tokio::sync::Mutex<()>>,
+    /// The pending withdrawal; the next campaign calls it off.
+    withdrawal: Mutex<Option<CancellationToken>>,
+}
+
+impl CampaignSlot {
+    fn call_off_withdrawal(&self) {
+        if let Some(t) = self
+            .withdrawal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            t.cancel();
+        }
+    }
 }
 
 impl Inner {
@@ -269,15 +297,99 @@ impl SessionHandle {
         &self.inner.store
     }
 
+    fn slot(&self, name: &str) -> Arc<CampaignSlot> {
+        self.inner
+            .campaigns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(name.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// A campaign's turn in election `name` on this lease: waits for the campaign or
+    /// withdrawal attempt in progress, and calls off any pending withdrawal of the key, which
+    /// the new campaign takes over (it creates the key or rejoins it).
+    pub(crate) async fn campaign_turn(&self, name: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let slot = self.slot(name);
+        slot.call_off_withdrawal();
+        let turn = slot.turn.clone().lock_owned().await;
+        // A campaign that ended while we waited may have handed a withdrawal over since.
+        slot.call_off_withdrawal();
+        turn
+    }
+
+    /// What becomes of the key of a campaign in `name` on this lease that does not finish: a
+    /// withdrawal retried until the key is gone (or the lease), unless a newer campaign takes
+    /// the key over first.
+    pub(crate) fn cleanup(&self, name: &str) -> Cleanup {
+        let slot = self.slot(name);
+        Cleanup::HandOff(Box::new(move |store, leader| {
+            let called_off = CancellationToken::new();
+            if let Some(old) = slot
+                .withdrawal
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .replace(called_off.clone())
+            {
+                old.cancel();
+            }
+            let Ok(rt) = tokio::runtime::Handle::try_current() else {
+                return;
+            };
+            rt.spawn(async move {
+                let mut backoff = retry::store_backoff(retry::seed(&[&leader.key]));
+                loop {
+                    let turn = tokio::select! {
+                        biased;
+                        _ = called_off.cancelled() => return,
+                        turn = slot.turn.clone().lock_owned() => turn,
+                    };
+                    if called_off.is_cancelled() {
+                        return;
+                    }
+                    let result = withdraw(&*store, &leader).await;
+                    drop(turn);
+                    match result {
+                        Ok(()) | Err(Error::LeaseNotFound { .. }) => return,
+                        Err(e) if matches!(e.class(), ErrorClass::Retryable | ErrorClass::Indeterminate) => {
+                            tracing::debug!(
+                                election = %leader.name,
+                                error = &e as &dyn std::error::Error,
+                                "could not delete the key of an unfinished campaign yet; retrying"
+                            );
+                        }
+                        Err(e) => {
+                            tracing::warn!(
+                                election = %leader.name,
+                                error = &e as &dyn std::error::Error,
+                                "could not delete the key of an unfinished campaign; it stays until its lease ends"
+                            );
+                            return;
+                        }
+                    }
+                    tokio::select! {
+                        biased;
+                        _ = called_off.cancelled() => return,
+                        _ = backoff.wait() => {}
+                    }
+                }
+            }.in_current_span());
+        }))
+    }
+
     /// Waits until at least `left` remains before the deadline, renewing at once if less does
     /// now. What a new leader is guaranteed: a leadership is handed out only with half its
     /// TTL left, never with milliseconds.
     ///
+    /// Returns whether it had to wait for a renewal.
+    ///
     /// # Errors
     /// The session's end, if it ends first (a renewal that does not come back in time ends it
     /// at its deadline).
-    pub(crate) async fn fresh(&self, left: Duration) -> std::result::Result<(), SessionEnd> {
+    pub(crate) async fn fresh(&self, left: Duration) -> std::result::Result<bool, SessionEnd> {
         let mut rx = self.inner.state.subscribe();
+        let mut waited = false;
         loop {
             let s = rx.get_and_update();
             if let Some(end) = s.ended {
@@ -289,8 +401,9 @@ impl SessionHandle {
                 continue;
             }
             if s.deadline.saturating_duration_since(now) >= left || ignores_deadline() {
-                return Ok(());
+                return Ok(waited);
             }
+            waited = true;
             self.inner.renew_now.notify_one();
             tokio::select! {
                 biased;
@@ -348,6 +461,7 @@ impl Session {
                 last_renewal: None,
             }),
             renew_now: Notify::new(),
+            campaigns: Mutex::default(),
         });
         let every = config.renew_interval.unwrap_or(grant.ttl / 3);
         let span = tracing::info_span!("session", lease_id = %grant.id, ttl_ms = grant.ttl.as_millis() as u64);

@@ -331,18 +331,23 @@ fn l5_leader_exists(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
     }
 }
 
-/// L6: when a leader crashes and nothing else is wrong, a successor leads within one round
-/// trip (plus a retry pause) of the old key's expiry.
+/// L6: when a leader crashes and nothing else is wrong, the candidate next in the queue leads
+/// within one round trip (plus a retry pause) of the old key's expiry, if it is alive: a
+/// successor that crashed too is not promised anything (its key blocks the queue until it
+/// expires, and L5 bounds that).
 fn l6_failover(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
     let quiet_kinds: Vec<FaultKind> = FaultKind::ALL
         .into_iter()
         .filter(|k| *k != FaultKind::Crash)
         .collect();
     for l in ctx.beliefs.leading.iter().filter(|l| l.crashed) {
-        let Some(d) = ctx.truth.deletions.iter().find(|d| {
-            d.create_revision == l.token
-                && d.key.starts_with(&crate::node::election_name(l.election))
-        }) else {
+        let prefix = crate::node::election_name(l.election);
+        let Some(d) = ctx
+            .truth
+            .deletions
+            .iter()
+            .find(|d| d.create_revision == l.token && d.key.starts_with(&prefix))
+        else {
             continue;
         };
         let bound = d.at + ctx.rtt() + Duration::from_millis(500);
@@ -356,13 +361,23 @@ fn l6_failover(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
         {
             continue;
         }
-        // Someone must be able to lead: a live incarnation other than the crashed one.
-        let others = ctx.beliefs.started.keys().any(|w| {
-            w.node != l.who.node
-                && ctx.beliefs.crashed.get(w).is_none_or(|c| *c > bound)
-                && !ctx.beliefs.stopped.contains_key(w)
-        });
-        if !others {
+        // The next in the queue: the election's oldest key once the old one is gone, and who
+        // campaigned with it.
+        let Some(successor) = ctx.truth.leader_after(l.election, d.revision) else {
+            continue;
+        };
+        let Some(owner) = ctx
+            .truth
+            .key_spans
+            .iter()
+            .find(|s| s.create_revision == successor && s.key.starts_with(&prefix))
+            .and_then(|s| ctx.truth.granted_by(s.lease))
+        else {
+            continue;
+        };
+        let alive = ctx.beliefs.crashed.get(&owner).is_none_or(|c| *c > bound)
+            && ctx.beliefs.stopping.get(&owner).is_none_or(|s| *s > bound);
+        if !alive {
             continue;
         }
         let next = ctx
@@ -376,9 +391,9 @@ fn l6_failover(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
             out.push(v(
                 "L6",
                 bound,
-                &[l.who],
+                &[l.who, owner],
                 format!(
-                    "election e{}: the leader crashed, its key expired at {:.3}s, no successor by {:.3}s",
+                    "election e{}: the leader crashed, its key expired at {:.3}s, and {owner} (next in the queue, token {successor}) did not lead by {:.3}s",
                     l.election,
                     d.at.as_secs_f64(),
                     bound.as_secs_f64()

@@ -32,6 +32,13 @@ fn v(
 
 /// S1: successive leaders' tokens strictly increase; the fenced resource (the work key)
 /// accepts a write only from the election's current leader, with non-decreasing tokens.
+///
+/// Beliefs begin when a campaign's confirming read comes back, up to one round trip after the
+/// store answered it; so a belief can begin with a lower token than one that began just
+/// before it, when its key was deleted while its reply travelled (an operator's revoke under
+/// added latency). That stale belief is S3's to bound (it ends within the notice bound after
+/// the key went), and the fence part below shows no write of it was accepted; it is excused
+/// here only when its key was already gone, at most one round trip before it began.
 fn s1_fenced_exclusivity(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
     let mut last: BTreeMap<usize, (i64, Incarnation)> = BTreeMap::new();
     for r in &ctx.history.records {
@@ -45,7 +52,14 @@ fn s1_fenced_exclusivity(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
                 // The same incarnation leading again on the key it still holds (a resign that
                 // failed, then a re-campaign rejoined its key) is one leadership, not two.
                 let rejoined = token == prev && who == prev_who;
-                if token <= prev && !rejoined {
+                let prefix = crate::node::election_name(*election);
+                let stale = ctx.truth.deletions.iter().any(|d| {
+                    d.create_revision == *token
+                        && d.key.starts_with(&prefix)
+                        && d.at <= r.at
+                        && r.at <= d.at + ctx.rtt()
+                });
+                if token <= prev && !rejoined && !stale {
                     out.push(v(
                         "S1",
                         r.at,
@@ -54,7 +68,10 @@ fn s1_fenced_exclusivity(ctx: &Ctx<'_>, out: &mut Vec<Violation>) {
                     ));
                 }
             }
-            last.insert(*election, (*token, *who));
+            // The highest token so far is what the next leader must exceed.
+            if last.get(election).is_none_or(|(prev, _)| token >= prev) {
+                last.insert(*election, (*token, *who));
+            }
         }
     }
     for (e, writes) in &ctx.truth.work {
