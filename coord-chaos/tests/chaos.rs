@@ -110,6 +110,35 @@ fn seeded_runs_of_the_default_scenario_hold_every_invariant() {
     );
 }
 
+/// Every seed that ever failed, outside the range the test above runs, replayed on every CI
+/// run so that a fixed bug stays fixed.
+const REGRESSION_SEEDS: [u64; 6] = [
+    // A stop during a heal returned Ok and left the key under an abandoned lease (L7).
+    1266,
+    // A campaign's withdrawal, retried until it landed, deleted the node's next leader key
+    // (S2).
+    1240, 8794, 8908, // L6 flagged a failover whose successor had crashed too.
+    1735, 3809,
+];
+
+#[test]
+fn every_seed_that_ever_failed_holds_every_invariant() {
+    let scenario = Scenario::default();
+    for seed in REGRESSION_SEEDS {
+        let faults = schedule(&scenario, &mut Rng::new(seed));
+        let violations = check(&scenario, &simulate(&scenario, seed, &faults));
+        assert!(
+            violations.is_empty(),
+            "seed {seed} (replay: cargo run -p coord-chaos --bin chaos -- --seed {seed}):\n{}",
+            violations
+                .iter()
+                .map(|v| format!("  {v}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+}
+
 /// Sparse network blips (partitions both ways and one way, holds), so that most stand alone
 /// and L2 (no key lost, no belief ended, for a blip shorter than τ − 2·KA) applies to them.
 #[test]

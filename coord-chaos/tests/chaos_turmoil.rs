@@ -21,7 +21,9 @@ fn seeded_turmoil_runs_hold_every_invariant() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(8);
     let mut failures = Vec::new();
-    for seed in 0..seeds {
+    // Seeds that ever failed: 1066 (S1: a belief begun on a key deleted while the reply to
+    // its confirming read travelled under added latency).
+    for seed in (0..seeds).chain([1066]) {
         let faults = schedule(&scenario, &mut Rng::new(seed));
         let history = simulate_turmoil(&scenario, seed, &faults);
         let violations = check(&scenario, &history);
