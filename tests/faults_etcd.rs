@@ -91,6 +91,13 @@ impl Seen {
             .collect()
     }
 
+    /// Whether the watcher emitted `host` up at `revision` or later.
+    fn up_since(&self, host: &str, revision: i64) -> bool {
+        self.0.lock().unwrap().iter().any(|(_, e)| {
+            matches!(e, ClusterEvent::HostUp { host: h, revision: r, .. } if h == host && *r >= revision)
+        })
+    }
+
     /// The events applied in order to an empty set: what the watcher's consumer believes.
     fn replayed(&self) -> BTreeSet<String> {
         let mut up = BTreeSet::new();
@@ -307,8 +314,17 @@ async fn sigstop_of_the_member_longer_than_the_ttl() {
     let healed = back.elapsed();
     eventually(bound, "a leader", || async { leaders.current().is_some() }).await;
     let led = back.elapsed();
+    // The watcher has delivered the key as it now stands (the stall expired its lease: etcd
+    // deleted it on resuming, and the heal put it back).
+    let created = store
+        .get_key("hosts/a")
+        .await
+        .unwrap()
+        .unwrap()
+        .create_revision;
     eventually(bound, "the watcher to converge", || async {
-        seen.replayed() == ["a"].map(String::from).into_iter().collect()
+        seen.up_since("a", created)
+            && seen.replayed() == ["a"].map(String::from).into_iter().collect()
     })
     .await;
     let mut sessions = Vec::new();

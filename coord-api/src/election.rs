@@ -174,6 +174,7 @@ async fn wait_for_turn<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) 
             Err(e) => return Err(e),
         };
         backoff.reset();
+        crate::sync::explore::point().await;
         let own = snapshot.kvs.iter().find(|kv| kv.key == leader.key);
         if own.map(|kv| kv.create_revision) != Some(leader.revision) && (first || !skip_own_check) {
             return Err(lost(leader));

@@ -137,8 +137,15 @@ pub trait KvLeaseStore: fmt::Debug + Send + Sync + 'static {
     /// [`LeaseNotFound`](crate::Error::LeaseNotFound) when it is gone.
     async fn time_to_live(&self, lease: LeaseId) -> Result<LeaseTimeToLive>;
 
-    /// Opens a keep-alive channel for a lease. Opening sends nothing; each
-    /// [`KeepAlive::renew`] sends one renewal. The caller decides when to renew.
+    /// Opens a keep-alive channel for a lease; each [`KeepAlive::renew`] then sends one
+    /// renewal and waits for its answer. The caller decides when to renew. Opening may itself
+    /// renew the lease once (etcd's stream opens with a renewal), which the caller does not
+    /// count: its deadline comes from the renewals it times.
+    ///
+    /// # Errors
+    /// [`LeaseNotFound`](crate::Error::LeaseNotFound) when the lease is gone (if opening
+    /// asks the store); [`StreamClosed`](crate::Error::StreamClosed) when the channel could
+    /// not be opened.
     async fn keep_alive(&self, lease: LeaseId) -> Result<Box<dyn KeepAlive>>;
 
     /// Watches one key or a prefix.

@@ -15,8 +15,11 @@ pub enum FaultKind {
     OneWay,
     /// A node's messages held, then released (F5).
     Hold,
-    /// A node's calls slowed (F6).
+    /// A node's calls slowed on their way to the store (F6).
     Latency,
+    /// A node's replies slowed: requests apply on time, their callers learn of it late (a
+    /// grant or renewal answered late).
+    SlowReplies,
     /// A node's next writes apply but lose their replies (F7).
     LostReplies,
     /// Every keep-alive and watch stream closed.
@@ -38,15 +41,19 @@ pub enum FaultKind {
     Pause,
     /// A node restarts gracefully: the new incarnation starts, then the old one stops.
     Restart,
+    /// A node stops one of its parts (its registration, its election pool, or a leadership
+    /// it holds) at a random moment, healing or not, and starts it again later.
+    Stop,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 14] = [
+    pub const ALL: [FaultKind; 16] = [
         FaultKind::Partition,
         FaultKind::OneWay,
         FaultKind::Hold,
         FaultKind::Latency,
+        FaultKind::SlowReplies,
         FaultKind::LostReplies,
         FaultKind::CloseStreams,
         FaultKind::LeaderChange,
@@ -57,6 +64,7 @@ impl FaultKind {
         FaultKind::Crash,
         FaultKind::Pause,
         FaultKind::Restart,
+        FaultKind::Stop,
     ];
 
     /// The command-line name.
@@ -66,6 +74,7 @@ impl FaultKind {
             FaultKind::OneWay => "one-way",
             FaultKind::Hold => "hold",
             FaultKind::Latency => "latency",
+            FaultKind::SlowReplies => "slow-replies",
             FaultKind::LostReplies => "lost-replies",
             FaultKind::CloseStreams => "close-streams",
             FaultKind::LeaderChange => "leader-change",
@@ -76,6 +85,7 @@ impl FaultKind {
             FaultKind::Crash => "crash",
             FaultKind::Pause => "pause",
             FaultKind::Restart => "restart",
+            FaultKind::Stop => "stop",
         }
     }
 
@@ -92,10 +102,12 @@ impl FaultKind {
                 | FaultKind::OneWay
                 | FaultKind::Hold
                 | FaultKind::Latency
+                | FaultKind::SlowReplies
                 | FaultKind::LostReplies
                 | FaultKind::Crash
                 | FaultKind::Pause
                 | FaultKind::Restart
+                | FaultKind::Stop
         )
     }
 
@@ -107,10 +119,30 @@ impl FaultKind {
                 | FaultKind::OneWay
                 | FaultKind::Hold
                 | FaultKind::Latency
+                | FaultKind::SlowReplies
                 | FaultKind::StoreCrash
                 | FaultKind::Crash
                 | FaultKind::Pause
                 | FaultKind::Compact
+                | FaultKind::Stop
+        )
+    }
+
+    /// Whether the fault disturbs the node's link to the store (or the store itself), rather
+    /// than the node's own process.
+    pub fn disturbs_link(self) -> bool {
+        matches!(
+            self,
+            FaultKind::Partition
+                | FaultKind::OneWay
+                | FaultKind::Hold
+                | FaultKind::Latency
+                | FaultKind::SlowReplies
+                | FaultKind::LostReplies
+                | FaultKind::CloseStreams
+                | FaultKind::LeaderChange
+                | FaultKind::StoreCrash
+                | FaultKind::Pause
         )
     }
 }
@@ -164,8 +196,11 @@ impl Fault {
             FaultKind::LostReplies => write!(f, " x{}", self.length.as_millis()),
             _ => Ok(()),
         }?;
-        if self.kind == FaultKind::Latency {
+        if matches!(self.kind, FaultKind::Latency | FaultKind::SlowReplies) {
             write!(f, " +{}ms", self.added_latency().as_millis())?;
+        }
+        if self.kind == FaultKind::Stop {
+            write!(f, " part {}", self.pick % 3)?;
         }
         if self.kind == FaultKind::Compact {
             write!(f, " every {}ms", self.compaction_period().as_millis())?;
@@ -180,9 +215,13 @@ impl Fault {
         Duration::from_millis(100 + self.pick % 900)
     }
 
-    /// For a latency fault, the latency it adds: 1 to 400 ms.
+    /// For a latency fault, the latency it adds: 1 to 400 ms to requests; 50 to 1,500 ms to
+    /// slow replies (longer than a renewal period at a 3 s TTL).
     pub fn added_latency(&self) -> Duration {
-        Duration::from_millis(1 + self.pick % 400)
+        match self.kind {
+            FaultKind::SlowReplies => Duration::from_millis(50 + self.pick % 1450),
+            _ => Duration::from_millis(1 + self.pick % 400),
+        }
     }
 }
 
@@ -214,7 +253,9 @@ pub fn schedule(scenario: &Scenario, rng: &mut Rng) -> Vec<Fault> {
                 | FaultKind::Hold
                 | FaultKind::Pause
                 | FaultKind::Latency
+                | FaultKind::SlowReplies
                 | FaultKind::Compact => Duration::from_millis(rng.between(100, ttl_ms * 2)),
+                FaultKind::Stop => Duration::from_millis(rng.between(100, ttl_ms)),
                 FaultKind::LostReplies => Duration::from_millis(rng.between(1, 3)),
                 FaultKind::StoreCrash => Duration::from_millis(rng.between(100, ttl_ms * 2)),
                 FaultKind::Crash => Duration::from_millis(rng.between(ttl_ms / 2, ttl_ms * 3)),

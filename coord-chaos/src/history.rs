@@ -5,9 +5,9 @@ use std::fmt;
 use std::time::Duration;
 
 use coord_api::LeaseId;
+use coord_sim::journal::Entry;
 
 use crate::fault::Fault;
-use coord_sim::journal::Entry;
 
 /// A node, and which incarnation of it (a crash or restart makes a new one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -27,14 +27,46 @@ impl fmt::Display for Incarnation {
 /// What a cluster watcher emitted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Emitted {
-    /// `HostUp`.
-    Up(String, i64),
-    /// `HostUpdated`.
-    Updated(String, i64),
-    /// `HostDown`.
+    /// `HostUp`: host, metadata, revision.
+    Up(String, String, i64),
+    /// `HostUpdated`: host, metadata, revision.
+    Updated(String, String, i64),
+    /// `HostDown`: host, revision.
     Down(String, i64),
-    /// `Resynced`.
+    /// `Resynced`: the listing's revision.
     Resynced(i64),
+}
+
+/// A part of an incarnation that can be stopped on its own.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Part {
+    /// Its host registration.
+    Registration,
+    /// Its election pool (every leadership and candidacy on it).
+    Pool,
+    /// Its leadership of this election (a resignation).
+    Leadership(String),
+}
+
+impl fmt::Display for Part {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Part::Registration => f.write_str("registration"),
+            Part::Pool => f.write_str("pool"),
+            Part::Leadership(e) => write!(f, "leadership of {e}"),
+        }
+    }
+}
+
+/// What became of a fenced write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The store applied it.
+    Accepted,
+    /// The store refused it: the leadership was over ([`coord_api::Error::FencedOut`]).
+    FencedOut,
+    /// Unknown: its reply was lost, or the writer stopped waiting for it (it may still land).
+    Unknown,
 }
 
 /// One thing that happened.
@@ -51,25 +83,70 @@ pub enum Happening {
     },
     /// An incarnation crashed: every belief it held ends here.
     Crashed(Incarnation),
-    /// A graceful stop began.
+    /// A graceful stop of the whole incarnation began.
     Stopping(Incarnation),
-    /// A graceful stop returned.
+    /// A graceful stop of the whole incarnation returned.
     Stopped {
         /// Who.
         who: Incarnation,
         /// Whether every part stopped without an error.
         clean: bool,
     },
-    /// The node believes it is registered, under `lease`.
-    Registered(Incarnation, LeaseId),
-    /// The node believes it is not registered (lost, healing, stopped).
-    Unregistered(Incarnation),
+    /// A part of an incarnation is being stopped on purpose.
+    PartStopping {
+        /// Who.
+        who: Incarnation,
+        /// Which part.
+        part: Part,
+    },
+    /// A part's stop returned.
+    PartStopped {
+        /// Who.
+        who: Incarnation,
+        /// Which part.
+        part: Part,
+        /// Whether the stop returned `Ok`.
+        clean: bool,
+    },
+    /// A part stopped on purpose starts again (before it writes anything).
+    PartStarted {
+        /// Who.
+        who: Incarnation,
+        /// Which part.
+        part: Part,
+    },
+    /// The node believes its key is registered, under `lease`.
+    Registered {
+        /// Who.
+        who: Incarnation,
+        /// The registered key.
+        key: String,
+        /// The lease it believes the key lives under.
+        lease: LeaseId,
+    },
+    /// The node believes its key is not registered (lost, healing, stopped).
+    Unregistered {
+        /// Who.
+        who: Incarnation,
+        /// The key.
+        key: String,
+    },
+    /// The node changed its registration's metadata to `value` (recorded once the update
+    /// returned: every write of the key after this carries it, or a newer value).
+    Metadata {
+        /// Who.
+        who: Incarnation,
+        /// The registered key.
+        key: String,
+        /// The new metadata.
+        value: String,
+    },
     /// The node believes it leads `election` with `token`.
     LeaderStart {
         /// Who.
         who: Incarnation,
-        /// Which election.
-        election: usize,
+        /// The election's name.
+        election: String,
         /// The fencing token.
         token: i64,
     },
@@ -77,35 +154,54 @@ pub enum Happening {
     LeaderEnd {
         /// Who.
         who: Incarnation,
-        /// Which election.
-        election: usize,
+        /// The election's name.
+        election: String,
         /// The fencing token it held.
         token: i64,
         /// It gave the leadership up (resigned), rather than lost it.
         resigned: bool,
     },
-    /// A leader attempted its fenced action; `accepted` says whether the store's fence let it.
-    Act {
+    /// A fenced write: sent by a node that believed it led with `token`, and its outcome as
+    /// the node learned it. The store's journal says whether it applied.
+    FencedWrite {
         /// Who.
         who: Incarnation,
-        /// Which election.
-        election: usize,
-        /// The token it acted with.
+        /// The election whose leadership fenced it.
+        election: String,
+        /// The token it carried.
         token: i64,
-        /// Whether the fenced transaction succeeded (`None`: outcome unknown).
-        accepted: Option<bool>,
+        /// What the node learned.
+        outcome: Outcome,
     },
-    /// A watcher's view changed: its revision and hosts.
+    /// A watcher's view changed: its revision and hosts with their metadata.
     View {
         /// Whose watcher.
         who: Incarnation,
         /// The view's revision.
         revision: i64,
-        /// The hosts in it.
-        hosts: Vec<String>,
+        /// The hosts in it, with their metadata.
+        hosts: Vec<(String, String)>,
     },
     /// A watcher emitted an event.
     Emitted(Incarnation, Emitted),
+    /// A consumer found a recipe's state inconsistent with what it was just told (a view that
+    /// does not hold the event it explains, a leadership that is not leading when handed
+    /// out, a lease id that disagrees with the status).
+    Inconsistent {
+        /// Who.
+        who: Incarnation,
+        /// What it read, and what it was told.
+        detail: String,
+    },
+    /// Something a user's service recorded for its own invariants.
+    Note {
+        /// Who.
+        who: Incarnation,
+        /// What kind of note (the service's own vocabulary).
+        kind: String,
+        /// Its content.
+        detail: String,
+    },
     /// A fault began.
     FaultStart(Fault),
     /// A lasting fault ended.
@@ -155,6 +251,21 @@ impl History {
     pub fn faults(&self) -> impl Iterator<Item = (Duration, &Fault)> {
         self.records.iter().filter_map(|r| match &r.what {
             Happening::FaultStart(f) => Some((r.at, f)),
+            _ => None,
+        })
+    }
+
+    /// The notes of kind `kind`, with when and who.
+    pub fn notes<'a>(
+        &'a self,
+        kind: &'a str,
+    ) -> impl Iterator<Item = (Duration, Incarnation, &'a str)> + 'a {
+        self.records.iter().filter_map(move |r| match &r.what {
+            Happening::Note {
+                who,
+                kind: k,
+                detail,
+            } if k == kind => Some((r.at, *who, detail.as_str())),
             _ => None,
         })
     }

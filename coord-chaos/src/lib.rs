@@ -1,50 +1,120 @@
-//! `coord-chaos`: the coord recipes under injected faults in virtual time, checked over their
-//! history.
+//! `coord-chaos`: chaos testing for services that coordinate through coord, yours included.
 //!
-//! A run builds one [`SimStore`](coord_sim::SimStore) and `hosts` nodes, each a client of its own
-//! (so faults hit one node's link), each running the real recipes: a [`HostRegistration`],
-//! an [`ElectionPool`] campaigning in every election and acting as leader through the fence,
-//! and on the first nodes a [`ClusterWatcher`]. A schedule of faults drawn from the seed
-//! hits them during the chaos phase; then a quiet phase lets everything heal. Every store
-//! change (the journal), belief, output and fault lands in one [`History`], which
-//! [`check`] holds to the invariants of RELIABILITY.md.
+//! A run starts a simulated etcd and `hosts` nodes, each running a [`Service`] on its own
+//! connection to the store, and hits them with a schedule of faults drawn from a seed:
+//! partitions both ways and one way, held messages, slow requests and slow replies, lost
+//! replies, closed streams, etcd leader changes, store crashes, compaction storms, operators
+//! deleting keys and revoking leases, node crashes, GC pauses, rolling restarts, and stops of
+//! a node's parts at random moments. Then a quiet phase lets everything heal. Everything that
+//! happens lands in one [`History`] on the simulated clock: every change the store made, with
+//! who made it; every belief and output the nodes recorded; every fault. The history is held
+//! to invariants ([`check`]): the generic ones of elections, leases and consumers, and the
+//! service's own. A violation names the invariant, the time, the incarnations and what
+//! happened, and the seed replays it exactly.
+//!
+//! Runs are in-process ([`simulate_service`]: the simulator as a library, thousands of
+//! simulated hours an hour) or, with the `turmoil` feature, over turmoil
+//! (`simulate_service_turmoil`: every node a turmoil host on the production `EtcdStore`,
+//! etcd-client, tonic and h2 over simulated TCP).
+//!
+//! # Your service
+//!
+//! Implement [`Service`]: how a node runs, given its [`Node`] (its store handle, its
+//! identity, the history to record on), and the invariants the service promises. Record
+//! leaderships with [`Node::leader_start`] and [`Node::leader_end`] and the generic election
+//! invariants apply (one believer at a time, growing tokens, failover, a leader after the
+//! heal); declare the resource its leader writes with a [`FencedWrites`] and no deposed
+//! leader's write may land; add your own [`Invariant`]s over the store's commits and your
+//! nodes' [notes](Node::note). The crate's `job_scheduler` example is a complete one, with a
+//! planted bug the checkers catch.
 //!
 //! ```
-//! use coord_chaos::{check, schedule, simulate, Rng, Scenario};
+//! use std::sync::Arc;
+//! use coord_api::recipes::{Election, Session, SessionConfig};
+//! use coord_chaos::{Node, Runner, Scenario, Service};
+//! use futures::future::BoxFuture;
+//!
+//! /// Each node campaigns for "leader" and holds it until it loses it.
+//! struct Leader;
+//!
+//! impl Service for Leader {
+//!     fn name(&self) -> &str { "leader" }
+//!
+//!     fn run(&self, node: Node) -> BoxFuture<'static, ()> {
+//!         Box::pin(async move {
+//!             let ttl = node.scenario().ttl;
+//!             while !node.is_stopping() {
+//!                 let Ok(session) = Session::new(node.store().clone(), SessionConfig::default().with_ttl(ttl)).await
+//!                 else { continue };
+//!                 if let Ok(lead) = Election::new(&session, "leader").campaign(node.who().to_string()).await {
+//!                     node.leader_start("leader", lead.token());
+//!                     tokio::select! {
+//!                         _ = lead.lost() => node.leader_end("leader", lead.token(), false),
+//!                         _ = node.stopping() => {
+//!                             node.leader_end("leader", lead.token(), true);
+//!                             let _ = lead.resign().await;
+//!                         }
+//!                     }
+//!                 }
+//!             }
+//!         })
+//!     }
+//! }
 //!
 //! let mut scenario = Scenario::default();
 //! scenario.duration = std::time::Duration::from_secs(40);
-//! let seed = 7;
-//! let faults = schedule(&scenario, &mut Rng::new(seed));
-//! let history = simulate(&scenario, seed, &faults);
-//! assert_eq!(check(&scenario, &history), vec![]);
+//! let runner = Runner::new(Leader).scenario(scenario);
+//! runner.run(runner.seeds_from_env(0..2)).assert_clean();
 //! ```
 //!
-//! [`HostRegistration`]: coord_api::recipes::HostRegistration
-//! [`ElectionPool`]: coord_api::recipes::ElectionPool
-//! [`ClusterWatcher`]: coord_api::recipes::ClusterWatcher
+//! A failing seed is replayed by running the same test with `CHAOS_SEED=<seed>`, which also
+//! prints the run's timeline; [`timeline_svg`] draws it.
+//!
+//! # Determinism
+//!
+//! The same seed gives the same history, byte for byte: all time is tokio's virtual time,
+//! every random choice comes from the seed, the simulator and the recipes wake their waiters
+//! in a fixed order, and schedule exploration ([`Scenario::explore`]) draws its yields from the
+//! seed. In-process runs need no build flags for this. Over turmoil, tonic's server makes
+//! tokio's unbiased selects, which only a `--cfg tokio_unstable` build seeds.
+//!
+//! # The chaos binary
+//!
+//! `cargo run -p coord-chaos --bin chaos` runs coord's own service ([`CoordService`]) over
+//! 500 seeds; `--help` lists the knobs.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod check;
+mod coord_node;
+mod driver;
 mod fault;
 mod history;
-mod node;
+mod inprocess;
 mod recorder;
 mod rng;
-mod run;
+mod runner;
 mod scenario;
+mod service;
 mod svg;
-mod truth;
+mod timeline;
 #[cfg(feature = "turmoil")]
-mod turmoil_run;
+mod turmoil_world;
 
-pub use check::{check, Violation, INVARIANTS};
+pub use check::{check, generic, Commit, FencedWrites, Invariant, Run, Violation};
+pub use coord_node::{election_name, host_key, work_key, CoordService, HOSTS};
 pub use fault::{schedule, Fault, FaultKind};
-pub use history::{Emitted, Happening, History, Incarnation, Record};
-pub use node::{election_name, host_key, work_key, HOSTS};
+pub use history::{Emitted, Happening, History, Incarnation, Outcome, Part, Record};
+pub use inprocess::{simulate, simulate_service};
+pub use recorder::Recorder;
 pub use rng::Rng;
-pub use run::simulate;
+pub use runner::{Report, Runner, SeedOutcome};
 pub use scenario::Scenario;
+pub use service::{Node, PartStopRequest, Service};
 pub use svg::timeline_svg;
+pub use timeline::timeline;
 #[cfg(feature = "turmoil")]
 #[cfg_attr(docsrs, doc(cfg(feature = "turmoil")))]
-pub use turmoil_run::{simulate_turmoil, turmoil_fault_kinds};
+pub use turmoil_world::{
+    simulate_service_turmoil, simulate_turmoil, turmoil_fault_kinds, turmoil_supports,
+};

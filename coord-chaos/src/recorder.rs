@@ -17,9 +17,10 @@ enum Clock {
     Turmoil,
 }
 
-/// A shared handle on the history being written. Cheap to clone.
+/// A shared handle on the history being written; every node of a run writes to the same one.
+/// Cheap to clone.
 #[derive(Debug, Clone)]
-pub(crate) struct Recorder {
+pub struct Recorder {
     clock: Clock,
     history: Arc<Mutex<History>>,
 }
@@ -43,12 +44,12 @@ impl Recorder {
     }
 
     /// Records `what` as happening now.
-    pub(crate) fn log(&self, what: Happening) {
-        self.log_at(Instant::now(), what);
+    pub fn record(&self, what: Happening) {
+        self.record_at(Instant::now(), what);
     }
 
     /// Records `what` as happening at `at` (on the current runtime's clock).
-    pub(crate) fn log_at(&self, at: Instant, what: Happening) {
+    pub(crate) fn record_at(&self, at: Instant, what: Happening) {
         let at = match self.clock {
             Clock::Tokio(start) => at.saturating_duration_since(start),
             #[cfg(feature = "turmoil")]
@@ -59,7 +60,7 @@ impl Recorder {
 
     /// Records `what` at `at` from the start of the run (for a driver outside the runtime).
     #[cfg(feature = "turmoil")]
-    pub(crate) fn log_elapsed(&self, at: Duration, what: Happening) {
+    pub(crate) fn record_elapsed(&self, at: Duration, what: Happening) {
         self.push(at, what);
     }
 

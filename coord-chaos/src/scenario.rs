@@ -1,54 +1,92 @@
-//! What a chaos run simulates: the cluster, the workload's knobs and the faults.
+//! What a chaos run simulates: the cluster, the workload's knobs, the timing and the faults.
+//! The checkers read their bounds from here (the renewal period, the backoff, the request
+//! timeout), never from constants of their own.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use crate::fault::FaultKind;
 
-/// A scenario: what [`simulate`](crate::simulate) runs, once per seed.
+/// A scenario: what a run simulates, once per seed.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Scenario {
-    /// Nodes; each registers itself and campaigns in every election.
+    /// Nodes; each runs the service (coord's own: registers itself, campaigns in every
+    /// election, watches).
     pub hosts: usize,
-    /// Elections every node campaigns in.
+    /// Elections every node of coord's own service campaigns in.
     pub elections: usize,
-    /// How many of the nodes also run a cluster watcher.
+    /// How many of coord's own nodes also run a cluster watcher.
     pub watchers: usize,
-    /// Lease TTL of registrations and election sessions (τ).
+    /// Lease TTL of registrations and sessions (τ).
     pub ttl: Duration,
+    /// How often sessions renew; `None` is `SessionConfig`'s default, a third of the TTL (KA).
+    pub renew_interval: Option<Duration>,
+    /// How long a client waits for a reply before the call fails: the simulator's and
+    /// `EtcdStore`'s request timeout (default 5 s, `EtcdConfig`'s).
+    pub request_timeout: Duration,
+    /// First delay before a registration re-grants after losing its lease.
+    pub initial_backoff: Duration,
+    /// Largest registration re-grant backoff (B).
+    pub max_backoff: Duration,
+    /// The etcd election timeout a leader change adds to every lease (ET).
+    pub election_timeout: Duration,
     /// Simulated length of a run, quiet phase included.
     pub duration: Duration,
     /// The fault kinds injected.
     pub fault_kinds: BTreeSet<FaultKind>,
     /// Faults per simulated minute, per enabled kind.
     pub faults_per_minute: f64,
-    /// Base one-way latency of every call.
+    /// Base one-way latency of every message.
     pub latency: Duration,
-    /// Largest registration re-grant backoff (B).
-    pub max_backoff: Duration,
-    /// The etcd election timeout a leader change adds to every lease (ET).
-    pub election_timeout: Duration,
+    /// Explore schedules: the recipes yield to other tasks at their await points a number of
+    /// times drawn from the seed, so that a task that signals before it publishes is caught
+    /// on one thread too.
+    pub explore: bool,
 }
 
 impl Default for Scenario {
+    /// Five nodes, two elections, two watchers, a 3 s TTL and every other timing at the
+    /// library's defaults; two minutes per seed, every fault kind twice a minute.
     fn default() -> Self {
         Scenario {
             hosts: 5,
             elections: 2,
             watchers: 2,
             ttl: Duration::from_secs(3),
+            renew_interval: None,
+            request_timeout: Duration::from_secs(5),
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(2),
+            election_timeout: Duration::from_secs(1),
             duration: Duration::from_secs(120),
             fault_kinds: FaultKind::ALL.into_iter().collect(),
             faults_per_minute: 2.0,
             latency: Duration::from_millis(1),
-            max_backoff: Duration::from_secs(2),
-            election_timeout: Duration::from_secs(1),
+            explore: true,
         }
     }
 }
 
 impl Scenario {
+    /// Every timing at the library's defaults, nothing tuned: `SessionConfig`'s 10 s TTL and
+    /// TTL/3 renewals, `RegistrationConfig`'s 100 ms to 30 s backoff, `EtcdConfig`'s 5 s
+    /// request timeout. Runs are longer (five minutes), so that the quiet phase covers a heal
+    /// at the largest backoff.
+    pub fn defaults() -> Self {
+        Scenario {
+            ttl: Duration::from_secs(10),
+            max_backoff: Duration::from_secs(30),
+            duration: Duration::from_secs(300),
+            ..Scenario::default()
+        }
+    }
+
+    /// The renewal period (KA).
+    pub fn renew_period(&self) -> Duration {
+        self.renew_interval.unwrap_or(self.ttl / 3)
+    }
+
     /// The quiet phase at the end, in which no fault is active and liveness is checked:
     /// 3τ + B + ET, plus the heal of the slowest recipe.
     pub fn quiet(&self) -> Duration {

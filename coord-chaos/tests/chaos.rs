@@ -1,14 +1,19 @@
-//! The chaos simulation as tests: generated fault schedules (proptest, shrinking to a
-//! minimal schedule), seeded runs of the default scenario, and determinism.
+//! coord's own service under chaos, as tests: generated fault schedules (proptest, from a
+//! printed seed, shrinking to a minimal schedule), seeded runs of the default scenario, every
+//! seed that ever failed, lone blips, determinism, and a quiet run that shows the checkers
+//! see what they check.
 //!
-//! `PROPTEST_CASES` and `CHAOS_SEEDS` make the runs longer.
+//! `PROPTEST_CASES`, `PROPTEST_RNG_SEED` and `CHAOS_SEEDS` make the runs longer or different.
 
 use std::time::Duration;
 
-use coord_chaos::{check, schedule, simulate, Fault, FaultKind, Rng, Scenario};
+use coord_chaos::{
+    simulate, CoordService, Fault, FaultKind, Happening as H, Outcome, Runner, Scenario,
+};
 use proptest::prelude::*;
+use proptest::test_runner::RngSeed;
 
-fn env(name: &str, default: u32) -> u32 {
+fn env(name: &str, default: u64) -> u64 {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
@@ -53,13 +58,22 @@ fn fault(scenario: &Scenario) -> impl Strategy<Value = Fault> {
         })
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: env("PROPTEST_CASES", 48),
+/// proptest's own generator, seeded from a printed value: the same schedules on every run
+/// unless `PROPTEST_RNG_SEED` picks others, and a catch replays from the seed it prints.
+fn proptest_config() -> ProptestConfig {
+    let seed = env("PROPTEST_RNG_SEED", 20_261_201);
+    println!("proptest seed {seed} (PROPTEST_RNG_SEED={seed} replays these schedules; set another to explore)");
+    ProptestConfig {
+        cases: env("PROPTEST_CASES", 48) as u32,
         max_shrink_iters: 200,
         failure_persistence: None,
+        rng_seed: RngSeed::Fixed(seed),
         ..ProptestConfig::default()
-    })]
+    }
+}
+
+proptest! {
+    #![proptest_config(proptest_config())]
 
     /// Any schedule of faults, on any seed: every invariant holds. A failure shrinks to the
     /// fewest faults that still break an invariant, and prints the seed and the schedule.
@@ -69,45 +83,29 @@ proptest! {
         mut faults in proptest::collection::vec(fault(&small()), 0..40),
     ) {
         faults.sort();
-        let scenario = small();
-        let history = simulate(&scenario, seed, &faults);
-        let violations = check(&scenario, &history);
+        let runner = Runner::new(CoordService).scenario(small());
+        let (outcome, _) = runner.run_schedule(seed, &faults);
         prop_assert!(
-            violations.is_empty(),
+            outcome.violations.is_empty(),
             "seed {seed}, faults {faults:#?}\nviolations:\n{}",
-            violations.iter().map(|v| format!("  {v}")).collect::<Vec<_>>().join("\n")
+            outcome.violations.iter().map(|v| format!("  {v}")).collect::<Vec<_>>().join("\n")
         );
     }
 }
 
+fn replay(flags: &'static str) -> impl Fn(u64) -> String {
+    move |seed| format!("cargo run -p coord-chaos --bin chaos -- --seed {seed}{flags}")
+}
+
 /// The runner's own workload: seeds 0.. of the default scenario, each with the schedule its
-/// seed draws (about 47 faults over 120 simulated seconds). The same as
-/// `chaos --seeds N`; a failure names the seed to replay with `chaos --seed S`.
+/// seed draws. The same as `chaos --seeds N`.
 #[test]
 fn seeded_runs_of_the_default_scenario_hold_every_invariant() {
-    let scenario = Scenario::default();
     let seeds = env("CHAOS_SEEDS", 300);
-    let mut failures = Vec::new();
-    for seed in 0..u64::from(seeds) {
-        let faults = schedule(&scenario, &mut Rng::new(seed));
-        let history = simulate(&scenario, seed, &faults);
-        let violations = check(&scenario, &history);
-        if !violations.is_empty() {
-            failures.push(format!(
-                "seed {seed} (replay: cargo run -p coord-chaos --bin chaos -- --seed {seed}):\n{}",
-                violations
-                    .iter()
-                    .map(|v| format!("  {v}"))
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            ));
-        }
-    }
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
-    println!(
-        "{seeds} seeds, {:.2} simulated hours, no violation",
-        f64::from(seeds) * scenario.duration.as_secs_f64() / 3600.0
-    );
+    let runner = Runner::new(CoordService).replay_with(replay(""));
+    let report = runner.run(0..seeds);
+    report.assert_clean();
+    println!("{}", report.summary());
 }
 
 /// Every seed that ever failed, outside the range the test above runs, replayed on every CI
@@ -123,40 +121,35 @@ const REGRESSION_SEEDS: [u64; 6] = [
 
 #[test]
 fn every_seed_that_ever_failed_holds_every_invariant() {
-    let scenario = Scenario::default();
-    for seed in REGRESSION_SEEDS {
-        let faults = schedule(&scenario, &mut Rng::new(seed));
-        let violations = check(&scenario, &simulate(&scenario, seed, &faults));
-        assert!(
-            violations.is_empty(),
-            "seed {seed} (replay: cargo run -p coord-chaos --bin chaos -- --seed {seed}):\n{}",
-            violations
-                .iter()
-                .map(|v| format!("  {v}"))
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
-    }
+    Runner::new(CoordService)
+        .replay_with(replay(""))
+        .run(REGRESSION_SEEDS)
+        .assert_clean();
 }
 
-/// Sparse network blips (partitions both ways and one way, holds), so that most stand alone
-/// and L2 (no key lost, no belief ended, for a blip shorter than τ − 2·KA) applies to them.
+/// Sparse network blips (partitions both ways and one way, holds), stream closes and leader
+/// changes, so that most stand alone and L2 applies to them: no key lost, no belief ended, no
+/// lease changed.
 #[test]
-fn lone_network_blips_are_ridden_through() {
+fn lone_blips_are_ridden_through() {
     let mut scenario = Scenario::default();
-    scenario.fault_kinds = [FaultKind::Partition, FaultKind::OneWay, FaultKind::Hold]
-        .into_iter()
-        .collect();
-    scenario.faults_per_minute = 3.0;
-    for seed in 0..u64::from(env("CHAOS_SEEDS", 300) / 3) {
-        let faults = schedule(&scenario, &mut Rng::new(seed));
-        let violations = check(&scenario, &simulate(&scenario, seed, &faults));
-        assert!(
-            violations.is_empty(),
-            "seed {seed} (replay: cargo run -p coord-chaos --bin chaos -- --faults partition,one-way,hold --rate 3 --seed {seed}):\n{}",
-            violations.iter().map(|v| format!("  {v}")).collect::<Vec<_>>().join("\n")
-        );
-    }
+    scenario.fault_kinds = [
+        FaultKind::Partition,
+        FaultKind::OneWay,
+        FaultKind::Hold,
+        FaultKind::CloseStreams,
+        FaultKind::LeaderChange,
+    ]
+    .into_iter()
+    .collect();
+    scenario.faults_per_minute = 2.0;
+    Runner::new(CoordService)
+        .scenario(scenario)
+        .replay_with(replay(
+            " --faults partition,one-way,hold,close-streams,leader-change --rate 2",
+        ))
+        .run(0..env("CHAOS_SEEDS", 300) / 3)
+        .assert_clean();
 }
 
 /// S9: the same seed and schedule give a byte-identical history; another seed does not.
@@ -164,13 +157,13 @@ fn lone_network_blips_are_ridden_through() {
 fn the_same_seed_gives_the_same_history() {
     let scenario = Scenario::default();
     for seed in [1, 42, 4242] {
-        let faults = schedule(&scenario, &mut Rng::new(seed));
+        let faults = coord_chaos::schedule(&scenario, &mut coord_chaos::Rng::new(seed));
         let first = simulate(&scenario, seed, &faults);
         let second = simulate(&scenario, seed, &faults);
         assert!(first.records.len() > 1000, "a run records its history");
         assert_eq!(first.digest(), second.digest(), "seed {seed}");
         assert_eq!(first, second, "seed {seed}");
-        let other_faults = schedule(&scenario, &mut Rng::new(seed + 1));
+        let other_faults = coord_chaos::schedule(&scenario, &mut coord_chaos::Rng::new(seed + 1));
         let other = simulate(&scenario, seed + 1, &other_faults);
         assert_ne!(
             first.digest(),
@@ -181,28 +174,58 @@ fn the_same_seed_gives_the_same_history() {
     }
 }
 
-/// The checkers are not vacuous: a run without faults records leaders, registrations and
-/// watcher views, and the checkers see them.
+/// The checkers are not vacuous: a run without faults records leaders, registrations,
+/// metadata changes, watcher views and accepted fenced writes, and the checkers see them.
 #[test]
 fn a_quiet_run_records_what_the_checkers_check() {
     let mut scenario = small();
     scenario.fault_kinds.clear();
-    let history = simulate(&scenario, 9, &[]);
-    let count = |f: fn(&coord_chaos::Happening) -> bool| {
-        history.records.iter().filter(|r| f(&r.what)).count()
-    };
-    use coord_chaos::Happening as H;
+    let runner = Runner::new(CoordService).scenario(scenario.clone());
+    let (outcome, history) = runner.run_schedule(9, &[]);
+    let count = |f: fn(&H) -> bool| history.records.iter().filter(|r| f(&r.what)).count();
     assert!(count(|h| matches!(h, H::LeaderStart { .. })) >= scenario.elections);
-    assert!(count(|h| matches!(h, H::Registered(..))) >= scenario.hosts);
+    assert!(count(|h| matches!(h, H::Registered { .. })) >= scenario.hosts);
+    assert!(count(|h| matches!(h, H::Metadata { .. })) >= scenario.hosts);
     assert!(count(|h| matches!(h, H::View { .. })) >= scenario.watchers);
     assert!(
         count(|h| matches!(
             h,
-            H::Act {
-                accepted: Some(true),
+            H::FencedWrite {
+                outcome: Outcome::Accepted,
                 ..
             }
         )) > 10
     );
-    assert_eq!(check(&scenario, &history), vec![]);
+    assert_eq!(outcome.violations, vec![]);
+}
+
+/// Fenced writes are exercised: across the default scenario's seeds, writes a deposed leader
+/// sent (or that landed after it stopped waiting) are refused by the store, and reported as
+/// fenced out; none is accepted (the fence invariant).
+#[test]
+fn deposed_leaders_writes_are_fenced_out() {
+    let runner = Runner::new(CoordService);
+    let mut fenced_out = 0;
+    for seed in 0..40 {
+        let (outcome, history) = runner.run_seed(seed);
+        assert_eq!(outcome.violations, vec![], "seed {seed}");
+        fenced_out += history
+            .records
+            .iter()
+            .filter(|r| {
+                matches!(
+                    r.what,
+                    H::FencedWrite {
+                        outcome: Outcome::FencedOut,
+                        ..
+                    }
+                )
+            })
+            .count();
+    }
+    assert!(
+        fenced_out > 0,
+        "no fenced write was ever refused in 40 seeds"
+    );
+    println!("{fenced_out} fenced writes refused over 40 seeds");
 }

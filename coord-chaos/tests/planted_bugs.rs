@@ -4,40 +4,38 @@
 //! in, all off); this test switches them on one at a time, process-wide, so it is one test.
 
 use coord_api::planted::{self, Bug};
-use coord_chaos::{check, schedule, simulate, Rng, Scenario};
+use coord_chaos::{CoordService, Runner};
 
-/// Seeds tried per bug before declaring it missed. Measured catch rates are 35-100 % per
-/// seed (see the note of the chaos issue), so a miss here is a checker that lost its teeth,
-/// not bad luck: the seeds are fixed, and the result is the same on every run.
+/// Seeds tried per bug before declaring it missed. The seeds are fixed, so the result is the
+/// same on every run: a miss is a checker that lost its teeth, not bad luck.
 const SEEDS: u64 = 40;
 
 #[test]
 fn every_planted_bug_is_caught() {
-    let scenario = Scenario::default();
+    let runner = Runner::new(CoordService).jobs(1);
     // With no bug planted, these seeds are clean: a catch below is the bug's doing.
     planted::enable(&[]);
+    for seed in 0..5 {
+        let (outcome, _) = runner.run_seed(seed);
+        assert!(
+            outcome.violations.is_empty(),
+            "seed {seed} fails without a bug: {:?}",
+            outcome.violations
+        );
+    }
     let mut missed = Vec::new();
     for bug in Bug::ALL {
         planted::enable(&[bug]);
         let caught = (0..SEEDS).find_map(|seed| {
-            let faults = schedule(&scenario, &mut Rng::new(seed));
-            let violations = check(&scenario, &simulate(&scenario, seed, &faults));
-            violations.first().map(|v| (seed, v.clone()))
+            let (outcome, _) = runner.run_seed(seed);
+            outcome.violations.first().map(|v| (seed, v.clone()))
         });
         match caught {
-            Some((seed, v)) => println!("{:<32} caught at seed {seed}: {v}", bug.name()),
+            Some((seed, v)) => println!("{:<36} caught at seed {seed}: {v}", bug.name()),
             None => missed.push(bug.name()),
         }
     }
     planted::enable(&[]);
-    for seed in 0..5 {
-        let faults = schedule(&scenario, &mut Rng::new(seed));
-        let violations = check(&scenario, &simulate(&scenario, seed, &faults));
-        assert!(
-            violations.is_empty(),
-            "seed {seed} fails without a bug: {violations:?}"
-        );
-    }
     assert!(
         missed.is_empty(),
         "planted bugs the checkers missed in {SEEDS} seeds: {missed:?}"

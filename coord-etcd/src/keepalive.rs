@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use async_trait::async_trait;
 use coord_api::{Error, KeepAlive, LeaseId, Result};
 use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
@@ -45,8 +47,10 @@ impl EtcdKeepAlive {
         }
     }
 
-    /// Opens the stream. etcd-client sends one renewal to do so and reads its answer.
-    async fn open(&mut self) -> Result<()> {
+    /// Opens the stream. etcd-client sends one renewal to do so and reads its answer (a
+    /// lease gone is [`Error::LeaseNotFound`]); the caller does not count it, since its TTL is
+    /// not handed back.
+    pub(crate) async fn open(&mut self) -> Result<()> {
         let endpoint = self.store.current();
         let mut client = match self.store.client_at(endpoint).await {
             Ok(c) => c,
@@ -58,13 +62,24 @@ impl EtcdKeepAlive {
                 });
             }
         };
-        match client.lease_keep_alive(self.lease.0).await {
+        let sent = Instant::now();
+        let in_flight = InFlight {
+            store: &self.store,
+            endpoint,
+            sent,
+            done: false,
+        };
+        let opened = client.lease_keep_alive(self.lease.0).await;
+        in_flight.finish();
+        match opened {
             Ok((keeper, stream)) => {
+                self.store.answered(endpoint);
                 self.stream = Some((endpoint, keeper, stream));
                 Ok(())
             }
             // etcd-client's word for a first answer of TTL 0: the lease is gone.
             Err(etcd_client::Error::LeaseKeepAliveError(m)) if m.contains("lease not found") => {
+                self.store.answered(endpoint);
                 Err(Error::LeaseNotFound { lease: self.lease })
             }
             Err(e) => match map("keep-alive", Kind::Write, e) {
@@ -87,12 +102,14 @@ impl EtcdKeepAlive {
             self.open().await?;
         }
         let (endpoint, keeper, stream) = self.stream.as_mut().expect("opened above");
+        let endpoint = *endpoint;
         // A renewal abandoned before its answer (the caller gave up waiting, as a session
-        // does when the next renewal is due) says the connection may be dead without a reset:
-        // replace it, or every renewal after it waits on the same dead connection.
+        // does when the next renewal is due) may say the connection is dead without a reset:
+        // replace it then, unless it answered anything meanwhile.
         let in_flight = InFlight {
             store: &self.store,
-            endpoint: *endpoint,
+            endpoint,
+            sent: Instant::now(),
             done: false,
         };
         if let Err(e) = keeper.keep_alive().await {
@@ -101,6 +118,9 @@ impl EtcdKeepAlive {
         }
         let answer = stream.message().await;
         in_flight.finish();
+        if matches!(answer, Ok(Some(_))) {
+            self.store.answered(endpoint);
+        }
         match answer {
             // A revoked or expired lease is answered with TTL 0 on a stream that stays open.
             Ok(Some(resp)) if resp.ttl() <= 0 => Err(Error::LeaseNotFound { lease: self.lease }),
@@ -131,11 +151,12 @@ impl KeepAlive for EtcdKeepAlive {
     }
 }
 
-/// Replaces the connection of a renewal dropped before its answer came (see
-/// [`EtcdKeepAlive::renew_once`]).
+/// Replaces the connection of a renewal dropped before its answer came, if the connection
+/// answered nothing since (see [`EtcdKeepAlive::renew_once`]).
 struct InFlight<'a> {
     store: &'a EtcdStore,
     endpoint: usize,
+    sent: Instant,
     done: bool,
 }
 
@@ -148,7 +169,8 @@ impl InFlight<'_> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.store.reconnect(self.endpoint);
+            self.store
+                .reconnect_if_silent_since(self.endpoint, self.sent);
         }
     }
 }

@@ -31,6 +31,9 @@ struct Endpoint {
     /// The connection, and the token that ends the streams opened on it when it is
     /// replaced.
     client: Mutex<Option<(Client, CancellationToken)>>,
+    /// When the current connection last answered anything (a reply, a keep-alive answer):
+    /// a connection that answered lately is slow, not dead, and is kept.
+    answered: Mutex<Option<Instant>>,
     /// Makes the channel to connect over, when the caller supplies channels
     /// ([`EtcdStore::from_channel_factory`]) rather than endpoints.
     channel: Option<ChannelFactory>,
@@ -131,12 +134,14 @@ impl EtcdStore {
                 .map(|url| Endpoint {
                     url: url.clone(),
                     client: Mutex::new(None),
+                    answered: Mutex::new(None),
                     channel: None,
                 })
                 .collect(),
             Some(make) => vec![Endpoint {
                 url: "channel".to_owned(),
                 client: Mutex::new(None),
+                answered: Mutex::new(None),
                 channel: Some(make),
             }],
         };
@@ -254,9 +259,30 @@ impl EtcdStore {
     /// over and over, until HTTP/2 keep-alive finally notices it (10 s + 5 s by default).
     pub(crate) fn reconnect(&self, i: usize) {
         let ep = &self.inner.endpoints[i];
+        *ep.answered.lock().unwrap_or_else(|p| p.into_inner()) = None;
         if let Some((_, streams)) = ep.client.lock().unwrap_or_else(|p| p.into_inner()).take() {
             tracing::debug!(endpoint = %ep.url, "no answer; reconnecting");
             streams.cancel();
+        }
+    }
+
+    /// Notes that endpoint `i`'s connection answered something just now.
+    pub(crate) fn answered(&self, i: usize) {
+        *self.inner.endpoints[i]
+            .answered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+    }
+
+    /// Replaces endpoint `i`'s connection unless it answered anything since `since`: a
+    /// request abandoned on a connection that still answers others is slow, not dead.
+    pub(crate) fn reconnect_if_silent_since(&self, i: usize, since: Instant) {
+        let last = *self.inner.endpoints[i]
+            .answered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if last.is_none_or(|at| at < since) {
+            self.reconnect(i);
         }
     }
 
@@ -324,7 +350,10 @@ impl EtcdStore {
             })
             .await;
             let err = match outcome {
-                Ok(Ok(v)) => return Ok(v),
+                Ok(Ok(v)) => {
+                    self.answered(idx);
+                    return Ok(v);
+                }
                 Ok(Err(e)) => e,
                 Err(_) => {
                     self.reconnect(idx);
@@ -605,7 +634,20 @@ impl KvLeaseStore for EtcdStore {
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<Box<dyn KeepAlive>> {
-        Ok(Box::new(EtcdKeepAlive::new(self.clone(), lease)))
+        // Opened now: etcd's stream needs a renewal to open, a round trip that would
+        // otherwise come out of the first renewal's time.
+        let mut channel = EtcdKeepAlive::new(self.clone(), lease);
+        let timeout = self.request_timeout();
+        match tokio::time::timeout(timeout, channel.open()).await {
+            Ok(opened) => opened?,
+            Err(_) => {
+                return Err(Error::StreamClosed {
+                    stream: "keep-alive",
+                    source: Some(format!("not opened within {timeout:?}").into()),
+                })
+            }
+        }
+        Ok(Box::new(channel))
     }
 
     async fn watch(&self, req: WatchRequest) -> Result<WatchStream> {

@@ -260,7 +260,7 @@ impl SimStore {
     }
 
     /// Another client of the same store, with its own connection: cutting one client off
-    /// ([`set_cut_off`](Self::set_cut_off)) leaves the others connected.
+    /// ([`partition`](Self::partition)) leaves the others connected.
     pub fn connect(&self) -> SimStore {
         let id = self.shared.next_client.fetch_add(1, Ordering::SeqCst);
         SimStore {
@@ -389,6 +389,9 @@ impl SimStore {
                 });
             }
             let result = apply(self);
+            // Between the store applying a request and its caller learning of it, let other
+            // tasks run when a simulation explores schedules.
+            coord_api::sync::explore::point().await;
             if self.link.reply(base, write).await == Leg::Delivered {
                 return result;
             }

@@ -285,6 +285,7 @@ impl Worker {
     }
 
     async fn emit(&self, e: ClusterEvent) {
+        crate::sync::explore::point().await;
         // A consumer that went away is not an error; the task ends on cancel.
         let _ = self.tx.send(e).await;
     }

@@ -2,7 +2,7 @@
 //!
 //! The safety argument, in two layers (RELIABILITY.md S1, S2):
 //! * **Fenced.** A leadership's token is its key's create revision, which grows from one
-//!   leader to the next. [`Leadership::fence`] makes a transaction conditional on the key
+//!   leader to the next. [`Leadership::fenced`] makes a transaction conditional on the key
 //!   still standing as created, so once another candidate can lead, the old leader's fenced
 //!   writes fail at the store, whatever the old leader believes.
 //! * **Belief.** [`Leadership::lost`] fires when the session's local deadline passes (send
@@ -87,6 +87,7 @@ impl Election {
             r = election::campaign_with(&*self.store, &self.name, value, lease, cleanup) => r?,
         };
         self.runway(&won).await?;
+        crate::sync::explore::point().await;
         tracing::info!(election = %self.name, token = won.revision, "leadership acquired");
         Ok(Leadership::new(
             self.store.clone(),
@@ -289,7 +290,8 @@ impl From<SessionEnd> for LossReason {
 /// A won election: the key, its fencing token, and a signal for when it is over.
 ///
 /// # Fencing
-/// [`txn`](Leadership::txn) runs a transaction only while this key leads, in one round trip:
+/// [`txn`](Leadership::txn) (or a [`Fence`] from [`fence`](Leadership::fence), which a task
+/// can own) runs a transaction only while this key leads, in one round trip:
 /// a write the store refuses because another leader may exist comes back as
 /// [`Error::FencedOut`] (not as a transaction whose compares failed), and ends the
 /// leadership.
@@ -392,52 +394,32 @@ impl Leadership {
     /// `txn` made conditional on this leadership: its compares gain "my key still stands as
     /// created", so the whole transaction fails (runs `failure`) once another leader can exist.
     /// [`txn`](Self::txn) runs it and tells a refusal apart from the caller's own compares.
-    pub fn fence(&self, mut txn: TxnRequest) -> TxnRequest {
-        txn.compares.push(self.key.is_current());
-        txn
+    pub fn fenced(&self, txn: TxnRequest) -> TxnRequest {
+        self.fence().fenced(txn)
     }
 
-    /// The compare behind [`fence`](Self::fence), for building transactions by hand.
+    /// The compare behind [`fenced`](Self::fenced), for building transactions by hand.
     pub fn guard(&self) -> Compare {
         self.key.is_current()
     }
 
-    /// Runs `txn` only while this key leads, in one round trip. The store checks the key
-    /// (so the check holds even if this process is paused or its clock is off); when the
-    /// transaction fails, one more read in the same transaction says whether it failed on the
-    /// caller's compares (`Ok` with `succeeded: false`, as any transaction) or because the
-    /// leadership is over.
+    /// A handle that runs transactions fenced by this leadership, which a task can own (a
+    /// write that goes on after the leader stopped waiting for it is still judged by the
+    /// store).
+    pub fn fence(&self) -> Fence {
+        Fence {
+            store: self.store.clone(),
+            key: self.key.clone(),
+            lost: self.lost.clone(),
+        }
+    }
+
+    /// Runs `txn` only while this key leads; see [`Fence::txn`].
     ///
     /// # Errors
-    /// [`Error::FencedOut`] when the store refused it because this key no longer leads; the
-    /// leadership has then ended ([`lost`](Self::lost) fires with
-    /// [`LossReason::FencedOut`]). Otherwise whatever the transaction fails with.
+    /// As [`Fence::txn`].
     pub async fn txn(&self, txn: TxnRequest) -> Result<TxnResponse> {
-        let mut req = self.fence(txn);
-        let probe = req.failure.len();
-        req.failure
-            .push(TxnOp::Get(GetRequest::key(self.key.key.to_vec())));
-        let mut resp = self.store.txn(req).await?;
-        if resp.succeeded {
-            return Ok(resp);
-        }
-        let standing = resp
-            .responses
-            .get(probe)
-            .and_then(|r| r.as_get())
-            .and_then(|g| g.kvs.first())
-            .is_some_and(|kv| kv.create_revision == self.key.revision);
-        resp.responses.truncate(probe);
-        if standing {
-            return Ok(resp);
-        }
-        if lose(&self.lost, LossReason::FencedOut) {
-            tracing::warn!(election = %self.key.name, token = self.key.revision, "fenced out: the store no longer counts this leadership");
-        }
-        Err(Error::FencedOut {
-            election: self.key.name.clone(),
-            token: self.key.revision,
-        })
+        self.fence().txn(txn).await
     }
 
     /// Replaces the leader's value, only while this key leads.
@@ -471,6 +453,65 @@ impl Drop for Leadership {
         if let Some(h) = &self.held {
             h.fetch_sub(1, Ordering::SeqCst);
         }
+    }
+}
+
+/// Transactions fenced by one leadership: from [`Leadership::fence`]. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Fence {
+    store: Arc<DynKvLeaseStore>,
+    key: LeaderKey,
+    lost: Arc<watch::Sender<Option<LossReason>>>,
+}
+
+impl Fence {
+    /// The leadership's fencing token.
+    pub fn token(&self) -> i64 {
+        self.key.revision
+    }
+
+    /// `txn` made conditional on the leadership (see [`Leadership::fenced`]).
+    pub fn fenced(&self, mut txn: TxnRequest) -> TxnRequest {
+        txn.compares.push(self.key.is_current());
+        txn
+    }
+
+    /// Runs `txn` only while the leadership's key leads, in one round trip. The store checks
+    /// the key (so the check holds even if this process is paused or its clock is off); when
+    /// the transaction fails, one more read in the same transaction says whether it failed on
+    /// the caller's compares (`Ok` with `succeeded: false`, as any transaction) or because the
+    /// leadership is over.
+    ///
+    /// # Errors
+    /// [`Error::FencedOut`] when the store refused it because the key no longer leads; the
+    /// leadership has then ended ([`Leadership::lost`] fires with [`LossReason::FencedOut`]).
+    /// Otherwise whatever the transaction fails with.
+    pub async fn txn(&self, txn: TxnRequest) -> Result<TxnResponse> {
+        let mut req = self.fenced(txn);
+        let probe = req.failure.len();
+        req.failure
+            .push(TxnOp::Get(GetRequest::key(self.key.key.to_vec())));
+        let mut resp = self.store.txn(req).await?;
+        if resp.succeeded {
+            return Ok(resp);
+        }
+        let standing = resp
+            .responses
+            .get(probe)
+            .and_then(|r| r.as_get())
+            .and_then(|g| g.kvs.first())
+            .is_some_and(|kv| kv.create_revision == self.key.revision);
+        resp.responses.truncate(probe);
+        if standing {
+            return Ok(resp);
+        }
+        if lose(&self.lost, LossReason::FencedOut) {
+            tracing::warn!(election = %self.key.name, token = self.key.revision, "fenced out: the store no longer counts this leadership");
+        }
+        Err(Error::FencedOut {
+            election: self.key.name.clone(),
+            token: self.key.revision,
+        })
     }
 }
 

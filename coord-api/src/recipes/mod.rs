@@ -23,7 +23,7 @@ pub(crate) mod retry;
 mod session;
 
 pub use cluster::{ClusterEvent, ClusterView, ClusterWatcher, ClusterWatcherConfig};
-pub use leadership::{Election, Leadership, LossReason};
+pub use leadership::{Election, Fence, Leadership, LossReason};
 pub use pool::{ElectionPool, PoolStats};
 pub use registration::{
     HostRegistration, RegistrationConfig, RegistrationHealth, RegistrationStatus,

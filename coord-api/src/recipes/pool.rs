@@ -16,6 +16,7 @@ use super::leadership::{Election, Leadership};
 use super::session::{Session, SessionConfig};
 use crate::error::{Error, Result};
 use crate::store::DynKvLeaseStore;
+use crate::types::LeaseId;
 
 /// What an [`ElectionPool`] has done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -44,6 +45,9 @@ pub struct ElectionPool {
     store: Arc<DynKvLeaseStore>,
     config: SessionConfig,
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
+    /// Leases of evicted sessions that ended at their deadline: the store may still hold
+    /// them, and candidate keys under them, until a revoke confirms them gone.
+    abandoned: std::sync::Mutex<Vec<LeaseId>>,
     sessions: AtomicU64,
     evictions: AtomicU64,
     held: Arc<AtomicUsize>,
@@ -56,6 +60,7 @@ impl ElectionPool {
             store,
             config,
             session: tokio::sync::Mutex::new(None),
+            abandoned: std::sync::Mutex::new(Vec::new()),
             sessions: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             held: Arc::new(AtomicUsize::new(0)),
@@ -71,6 +76,7 @@ impl ElectionPool {
             }
             tracing::warn!(lease_id = %s.lease(), "pooled session is dead; evicting it");
             self.evictions.fetch_add(1, Ordering::Relaxed);
+            self.abandon(s);
             *slot = None;
         }
         let s = Arc::new(Session::new(self.store.clone(), self.config.clone()).await?);
@@ -86,7 +92,7 @@ impl ElectionPool {
     }
 
     /// Evicts the pooled session if it is still the one with `lease`.
-    async fn evict(&self, lease: crate::LeaseId) {
+    async fn evict(&self, lease: LeaseId) {
         let mut slot = self.session.lock().await;
         if slot.as_ref().is_some_and(|s| s.lease() == lease) {
             tracing::warn!(lease_id = %lease, "pooled session's lease is gone; evicting it");
@@ -138,14 +144,43 @@ impl ElectionPool {
         }
     }
 
-    /// Revokes the pooled session: every leadership of the pool ends at once (their keys go
-    /// with the lease, and their `lost()` fires). The pool can be used again afterwards; it
-    /// grants a new session.
+    /// Remembers an evicted session's lease if the store may still hold it.
+    fn abandon(&self, session: &Session) {
+        if session.health().ended == Some(super::SessionEnd::Expired) {
+            self.abandoned
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(session.lease());
+        }
+    }
+
+    /// Revokes the pooled session, and every lease the pool gave up at its deadline that the
+    /// store may still hold: every leadership and candidacy of the pool ends at once (their
+    /// keys go with the leases, and their `lost()` fires). The pool can be used again
+    /// afterwards; it grants a new session.
+    ///
+    /// # Errors
+    /// Whatever a revoke fails with (a lease already gone is success); the revoke is then
+    /// retried in the background until it lands.
     pub async fn close(&self) -> Result<()> {
         let session = self.session.lock().await.take();
-        match session {
+        let abandoned =
+            std::mem::take(&mut *self.abandoned.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut result = match session {
             Some(s) => s.close().await,
             None => Ok(()),
+        };
+        for lease in abandoned {
+            match self.store.revoke(lease).await {
+                Ok(_) | Err(Error::LeaseNotFound { .. }) => {}
+                Err(e) => {
+                    super::session::release_lease(self.store.clone(), lease);
+                    if result.is_ok() {
+                        result = Err(e);
+                    }
+                }
+            }
         }
+        result
     }
 }

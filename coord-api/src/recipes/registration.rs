@@ -380,6 +380,7 @@ async fn register(shared: &Shared) -> Result<Held> {
             shared.status.send_replace(RegistrationStatus::Registered {
                 lease: session.lease(),
             });
+            crate::sync::explore::point().await;
             Ok((session, revisions))
         }
         Err(e) => {
@@ -432,6 +433,7 @@ async fn run(shared: Arc<Shared>, first: Held, cancel: CancellationToken) {
             shared
                 .status
                 .send_replace(RegistrationStatus::Healing { attempt });
+            crate::sync::explore::point().await;
             let delay = backoff.next_delay();
             tokio::select! {
                 biased;

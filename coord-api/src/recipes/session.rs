@@ -598,7 +598,10 @@ impl Drop for Session {
         if inner.state().ended.is_some() {
             return;
         }
-        if self.revoke_on_drop {
+        if inner.past_deadline(Instant::now()) {
+            // Over already: it ends as expired (and its lease is revoked, if configured).
+            inner.end(SessionEnd::Expired);
+        } else if self.revoke_on_drop {
             inner.end(SessionEnd::Closed);
             release_lease(inner.store.clone(), inner.lease);
         } else {
@@ -703,6 +706,11 @@ impl Renewer {
             };
             match opened {
                 Ok(c) => self.channel = Some(c),
+                Err(e @ Error::LeaseNotFound { .. }) => {
+                    tracing::warn!("session lost: the store reports the lease gone");
+                    self.inner.end(SessionEnd::LeaseLost);
+                    return Attempt::Ended(Some(e));
+                }
                 Err(e) => {
                     tracing::debug!(
                         error = &e as &dyn std::error::Error,
@@ -748,6 +756,7 @@ impl Renewer {
                     s.last_renewal = Some(now);
                 });
                 tracing::trace!(ttl_ms = ttl.as_millis() as u64, "renewed");
+                crate::sync::explore::point().await;
                 Attempt::Renewed { sent }
             }
             Err(e @ Error::LeaseNotFound { .. }) => {

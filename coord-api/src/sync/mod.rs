@@ -1,5 +1,8 @@
 //! Synchronisation the recipes share with their users, deterministic under simulation: every
 //! wake-up happens in an order fixed by the program, never by a random generator, so a
-//! simulation replays from its seed in any build (no `--cfg tokio_unstable` needed).
+//! simulation replays from its seed in any build (no `--cfg tokio_unstable` needed); and
+//! schedule exploration, which lets a simulation interleave tasks at the recipes' await
+//! points from its seed.
 
+pub mod explore;
 pub mod watch;

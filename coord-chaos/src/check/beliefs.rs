@@ -1,5 +1,5 @@
 //! Each node's beliefs as intervals: when it believed it led, and when it believed it was
-//! registered; plus the faults as intervals.
+//! registered; its stops; plus the faults as intervals.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -7,13 +7,13 @@ use std::time::Duration;
 use coord_api::LeaseId;
 
 use crate::fault::{Fault, FaultKind};
-use crate::history::{Happening, History, Incarnation};
+use crate::history::{Happening, History, Incarnation, Part};
 
 /// A leadership belief.
 #[derive(Debug, Clone)]
 pub(crate) struct Leading {
     pub who: Incarnation,
-    pub election: usize,
+    pub election: String,
     pub token: i64,
     pub from: Duration,
     pub until: Duration,
@@ -27,6 +27,7 @@ pub(crate) struct Leading {
 #[derive(Debug, Clone)]
 pub(crate) struct Registered {
     pub who: Incarnation,
+    pub key: String,
     pub lease: LeaseId,
     pub from: Duration,
     pub until: Duration,
@@ -40,11 +41,23 @@ pub(crate) struct FaultSpan {
     pub until: Duration,
 }
 
+/// A stop of a part of an incarnation: when it began, when it returned (and whether
+/// cleanly), when the part started again.
+#[derive(Debug, Clone)]
+pub(crate) struct PartStop {
+    pub who: Incarnation,
+    pub part: Part,
+    pub began: Duration,
+    pub returned: Option<(Duration, bool)>,
+    pub restarted: Option<Duration>,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Beliefs {
     pub leading: Vec<Leading>,
     pub registered: Vec<Registered>,
     pub faults: Vec<FaultSpan>,
+    pub part_stops: Vec<PartStop>,
     /// When each incarnation started, crashed, stopped (clean or not).
     pub started: BTreeMap<Incarnation, Duration>,
     pub crashed: BTreeMap<Incarnation, Duration>,
@@ -59,8 +72,8 @@ impl Beliefs {
             heal: end,
             ..Beliefs::default()
         };
-        let mut leading: BTreeMap<(Incarnation, usize), (i64, Duration)> = BTreeMap::new();
-        let mut registered: BTreeMap<Incarnation, (LeaseId, Duration)> = BTreeMap::new();
+        let mut leading: BTreeMap<(Incarnation, String), (i64, Duration)> = BTreeMap::new();
+        let mut registered: BTreeMap<Incarnation, (String, LeaseId, Duration)> = BTreeMap::new();
         let mut faults: Vec<(Fault, Duration)> = Vec::new();
         for r in &history.records {
             match &r.what {
@@ -72,7 +85,7 @@ impl Beliefs {
                     election,
                     token,
                 } => {
-                    leading.insert((*who, *election), (*token, r.at));
+                    leading.insert((*who, election.clone()), (*token, r.at));
                 }
                 Happening::LeaderEnd {
                     who,
@@ -80,10 +93,10 @@ impl Beliefs {
                     resigned,
                     ..
                 } => {
-                    if let Some((token, from)) = leading.remove(&(*who, *election)) {
+                    if let Some((token, from)) = leading.remove(&(*who, election.clone())) {
                         b.leading.push(Leading {
                             who: *who,
-                            election: *election,
+                            election: election.clone(),
                             token,
                             from,
                             until: r.at,
@@ -92,19 +105,19 @@ impl Beliefs {
                         });
                     }
                 }
-                Happening::Registered(who, lease) => {
-                    if let Some(held) = registered.insert(*who, (*lease, r.at)) {
+                Happening::Registered { who, key, lease } => {
+                    if let Some(held) = registered.insert(*who, (key.clone(), *lease, r.at)) {
                         b.end_registration(*who, held, r.at);
                     }
                 }
-                Happening::Unregistered(who) => {
+                Happening::Unregistered { who, .. } => {
                     if let Some(held) = registered.remove(who) {
                         b.end_registration(*who, held, r.at);
                     }
                 }
                 Happening::Crashed(who) => {
                     b.crashed.insert(*who, r.at);
-                    let ended: Vec<_> = leading.keys().filter(|(w, _)| w == who).copied().collect();
+                    let ended: Vec<_> = leading.keys().filter(|(w, _)| w == who).cloned().collect();
                     for k in ended {
                         let (token, from) = leading.remove(&k).expect("listed");
                         b.leading.push(Leading {
@@ -127,6 +140,18 @@ impl Beliefs {
                 Happening::Stopped { who, clean } => {
                     b.stopped.insert(*who, (r.at, *clean));
                 }
+                Happening::PartStopping { who, part } => b.part_stops.push(PartStop {
+                    who: *who,
+                    part: part.clone(),
+                    began: r.at,
+                    returned: None,
+                    restarted: None,
+                }),
+                Happening::PartStopped { who, part, clean } => {
+                    if let Some(s) = b.open_stop(*who, part) {
+                        s.returned = Some((r.at, *clean));
+                    }
+                }
                 Happening::FaultStart(f) => faults.push((f.clone(), r.at)),
                 Happening::FaultEnd(f) => {
                     if let Some(i) = faults.iter().position(|(g, _)| g == f) {
@@ -140,6 +165,16 @@ impl Beliefs {
                 }
                 Happening::Heal => b.heal = r.at,
                 _ => {}
+            }
+            if let Happening::PartStarted { who, part } = &r.what {
+                if let Some(s) = b
+                    .part_stops
+                    .iter_mut()
+                    .rev()
+                    .find(|s| s.who == *who && s.part == *part && s.restarted.is_none())
+                {
+                    s.restarted = Some(r.at);
+                }
             }
         }
         for ((who, election), (token, from)) in leading {
@@ -161,19 +196,28 @@ impl Beliefs {
             let until = if fault.kind.lasts() { end } else { from };
             b.faults.push(FaultSpan { fault, from, until });
         }
-        b.leading.sort_by_key(|l| (l.election, l.from));
+        b.leading
+            .sort_by(|x, y| (&x.election, x.from).cmp(&(&y.election, y.from)));
         b
+    }
+
+    fn open_stop(&mut self, who: Incarnation, part: &Part) -> Option<&mut PartStop> {
+        self.part_stops
+            .iter_mut()
+            .rev()
+            .find(|s| s.who == who && s.part == *part && s.returned.is_none())
     }
 
     /// Closes a registration belief held since `from` under `lease`.
     fn end_registration(
         &mut self,
         who: Incarnation,
-        (lease, from): (LeaseId, Duration),
+        (key, lease, from): (String, LeaseId, Duration),
         until: Duration,
     ) {
         self.registered.push(Registered {
             who,
+            key,
             lease,
             from,
             until,
@@ -194,6 +238,19 @@ impl Beliefs {
                 && (!f.fault.kind.targets_node() || node.is_none_or(|n| n == f.fault.node))
                 && f.from <= until
                 && f.until >= from
+        })
+    }
+
+    /// Whether anything other than `except` happened in `[from, until]` (faults of any kind,
+    /// on any node, store-wide included).
+    pub(crate) fn anything_near(
+        &self,
+        except: Option<&FaultSpan>,
+        from: Duration,
+        until: Duration,
+    ) -> bool {
+        self.faults.iter().any(|g| {
+            !except.is_some_and(|e| std::ptr::eq(e, g)) && g.from <= until && g.until >= from
         })
     }
 }

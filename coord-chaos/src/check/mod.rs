@@ -1,23 +1,40 @@
-//! The checkers: pure functions over a run's history, one per invariant of RELIABILITY.md.
-//! Safety (S*) over the whole run; liveness (L*) after the heal instant or after each fault.
+//! The checkers: invariants over a run's history, each a pure function of it.
+//!
+//! Every run is held to the generic invariants ([`generic`]): those of any service that elects
+//! leaders (tokens grow, beliefs exclusive, no phantom leadership, a leader exists after a
+//! fault, failover in time), of leases (a crashed node's leases end in time), and of
+//! consumers (what a recipe reports agrees with its state). A service adds its own
+//! ([`Service::invariants`](crate::Service::invariants)): coord's nodes add those of
+//! registrations and watchers; yours add what your service promises, often a
+//! [`FencedWrites`] for the resource its leader writes.
 
 mod beliefs;
-mod liveness;
-mod safety;
+mod consumers;
+mod elections;
+mod leases;
+mod registrations;
+mod stops;
+mod truth;
+mod watchers;
 
 use std::fmt;
 use std::time::Duration;
 
-use crate::history::History;
+use coord_sim::journal::Origin;
+
+pub(crate) use beliefs::{Beliefs, FaultSpan, PartStop};
+pub use elections::FencedWrites;
+pub use truth::Commit;
+pub(crate) use truth::Truth;
+
+use crate::history::{History, Incarnation};
 use crate::scenario::Scenario;
-use crate::truth::Truth;
-use beliefs::Beliefs;
 
 /// A broken invariant: which, when, who, and the events that show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
-    /// The invariant's id in RELIABILITY.md (`S1`...`S7`, `L1`...`L7`).
-    pub invariant: &'static str,
+    /// The invariant's id (`S1`...`S7`, `L1`...`L7` of coord's own; your invariant's name).
+    pub invariant: String,
     /// When it was broken (simulated time from the start of the run).
     pub at: Duration,
     /// The incarnations involved (`n<node>.<incarnation>`).
@@ -39,43 +56,204 @@ impl fmt::Display for Violation {
     }
 }
 
-/// Everything a checker reads.
-pub(crate) struct Ctx<'a> {
-    pub scenario: &'a Scenario,
-    pub history: &'a History,
-    pub truth: Truth,
-    pub beliefs: Beliefs,
-    /// The end of the run.
-    pub end: Duration,
+/// An invariant a run must hold.
+///
+/// ```
+/// use coord_chaos::{Invariant, Run, Violation};
+///
+/// /// Nobody ever writes `forbidden/`.
+/// struct NothingForbidden;
+///
+/// impl Invariant for NothingForbidden {
+///     fn name(&self) -> &str {
+///         "nothing-forbidden"
+///     }
+///
+///     fn check(&self, run: &Run<'_>, out: &mut Vec<Violation>) {
+///         for c in run.commits() {
+///             if c.events.iter().any(|e| e.kv.key.starts_with(b"forbidden/")) {
+///                 let who: Vec<_> = run.author(c.origin).into_iter().collect();
+///                 out.push(run.violation(self.name(), c.at, &who, format!("wrote at {}", c.revision)));
+///             }
+///         }
+///     }
+/// }
+/// ```
+pub trait Invariant: Send + Sync {
+    /// Its name, as reports print it.
+    fn name(&self) -> &str;
+
+    /// Adds a violation to `out` for each way `run` breaks it.
+    fn check(&self, run: &Run<'_>, out: &mut Vec<Violation>);
 }
 
-impl Ctx<'_> {
-    /// Slack for one message: the base latency each way plus the largest injected latency.
-    pub(crate) fn rtt(&self) -> Duration {
-        self.scenario.rtt() + Duration::from_millis(800)
+/// What an invariant reads: the scenario, the history, and what was rebuilt from it.
+pub struct Run<'a> {
+    pub(crate) scenario: &'a Scenario,
+    pub(crate) history: &'a History,
+    pub(crate) truth: Truth,
+    pub(crate) beliefs: Beliefs,
+    /// The end of the run.
+    pub(crate) end: Duration,
+}
+
+impl fmt::Debug for Run<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Run")
+            .field("records", &self.history.records.len())
+            .field("end", &self.end)
+            .finish()
     }
 }
 
-/// The names of the invariants [`check`] evaluates, for reports.
-pub const INVARIANTS: [&str; 14] = [
-    "S1", "S2", "S3", "S4", "S5", "S6", "S7", "L1", "L2", "L3", "L4", "L5", "L6", "L7",
-];
+impl<'a> Run<'a> {
+    /// Rebuilds the truth and the beliefs of `history`.
+    pub fn new(scenario: &'a Scenario, history: &'a History) -> Self {
+        let truth = Truth::build(history);
+        let end = history.end(scenario.duration);
+        let beliefs = Beliefs::build(history, end);
+        Run {
+            scenario,
+            history,
+            truth,
+            beliefs,
+            end,
+        }
+    }
 
-/// Checks every invariant over `history`; empty when all hold.
-pub fn check(scenario: &Scenario, history: &History) -> Vec<Violation> {
-    let truth = Truth::build(history, scenario.elections);
-    let end = history.end(scenario.duration);
-    let beliefs = Beliefs::build(history, end);
-    let ctx = Ctx {
-        scenario,
-        history,
-        truth,
-        beliefs,
-        end,
-    };
+    /// The scenario run.
+    pub fn scenario(&self) -> &Scenario {
+        self.scenario
+    }
+
+    /// The history.
+    pub fn history(&self) -> &History {
+        self.history
+    }
+
+    /// When the run ended.
+    pub fn end(&self) -> Duration {
+        self.end
+    }
+
+    /// When every fault was over.
+    pub fn heal(&self) -> Duration {
+        self.beliefs.heal
+    }
+
+    /// Every write the store committed, in order.
+    pub fn commits(&self) -> &[Commit] {
+        &self.truth.commits
+    }
+
+    /// Which incarnation made a change (none for an operator or the store itself).
+    pub fn author(&self, origin: Origin) -> Option<Incarnation> {
+        self.truth.author(origin)
+    }
+
+    /// The election's leader as the store had it just after `revision`: its oldest key's
+    /// create revision (the fencing token), if it had any candidate.
+    pub fn leader_at(&self, election: &str, revision: i64) -> Option<i64> {
+        self.truth.leader_at(election, revision)
+    }
+
+    /// Slack for one message: the base latency each way plus the largest injected latency.
+    pub fn rtt(&self) -> Duration {
+        self.scenario.rtt() + Duration::from_millis(800)
+    }
+
+    /// A violation of `invariant`.
+    pub fn violation(
+        &self,
+        invariant: &str,
+        at: Duration,
+        nodes: &[Incarnation],
+        detail: String,
+    ) -> Violation {
+        Violation {
+            invariant: invariant.to_owned(),
+            at,
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            detail,
+        }
+    }
+}
+
+/// A fixed-name invariant made of a function, for the built-in ones.
+struct Named {
+    name: &'static str,
+    check: fn(&Run<'_>, &mut Vec<Violation>),
+}
+
+impl Invariant for Named {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn check(&self, run: &Run<'_>, out: &mut Vec<Violation>) {
+        (self.check)(run, out)
+    }
+}
+
+fn named(name: &'static str, check: fn(&Run<'_>, &mut Vec<Violation>)) -> Box<dyn Invariant> {
+    Box::new(Named { name, check })
+}
+
+/// The invariants every run is held to, whatever the service: of elections (S1 tokens grow,
+/// S2 beliefs exclusive, S3 no phantom leadership, L5 a leader exists, L6 failover), of
+/// leases (L3 a crashed node's leases end in time) and of consumers (C1).
+pub fn generic() -> Vec<Box<dyn Invariant>> {
+    vec![
+        named("S1", elections::s1_tokens_grow),
+        named("S2", elections::s2_belief_exclusivity),
+        named("S3", elections::s3_no_phantom_leadership),
+        named("L3", leases::l3_dead_host_expiry),
+        named("L5", elections::l5_leader_exists),
+        named("L6", elections::l6_failover),
+        named("C1", consumers::c1_consistent_state),
+    ]
+}
+
+/// The invariants of coord's own nodes: registrations (S6, S7, L1, L2, M1), watchers (S4/S5,
+/// L4), stops (L7), and the fence on their work keys (S1).
+pub(crate) fn coord() -> Vec<Box<dyn Invariant>> {
+    vec![
+        named("S4/S5", watchers::s4_s5_watchers),
+        named("S6", registrations::s6_no_foreign_deletes),
+        named("S7", registrations::s7_single_registration),
+        named("L1", registrations::l1_self_healing),
+        named("L2", registrations::l2_ride_through),
+        named("L4", watchers::l4_watcher_convergence),
+        named("L7", stops::l7_stops),
+        named("M1", registrations::m1_latest_metadata),
+    ]
+}
+
+/// Checks `history` against `invariants`; empty when all hold.
+pub fn check(
+    scenario: &Scenario,
+    history: &History,
+    invariants: &[Box<dyn Invariant>],
+) -> Vec<Violation> {
+    let run = Run::new(scenario, history);
     let mut out = Vec::new();
-    safety::check(&ctx, &mut out);
-    liveness::check(&ctx, &mut out);
+    for i in invariants {
+        i.check(&run, &mut out);
+    }
     out.sort_by_key(|v| v.at);
     out
+}
+
+/// The time a revision was committed.
+pub(crate) fn time_of(run: &Run<'_>, revision: i64) -> Duration {
+    run.truth
+        .revision_at
+        .get(&revision)
+        .copied()
+        .unwrap_or_default()
+}
+
+/// A span's intersection with a fault span.
+pub(crate) fn overlaps(f: &FaultSpan, from: Duration, until: Duration) -> bool {
+    f.from <= until && f.until >= from
 }

@@ -1,20 +1,21 @@
-//! The truth of a run, rebuilt from the store's journal: which keys existed at each
-//! revision, who granted each lease, when each lease ended, who deleted what.
+//! The truth of a run, rebuilt from the store's journal: which keys existed when, who granted
+//! each lease, when each lease ended, who wrote and deleted what, and each election's leader.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use coord_api::{EventKind, LeaseId};
-
-use crate::history::{Happening, History, Incarnation};
-use crate::node::{election_name, HOSTS};
+use coord_api::{Event, EventKind, LeaseId};
 use coord_sim::journal::{Entry, Origin};
+
+use crate::coord_node::HOSTS;
+use crate::history::{Happening, History, Incarnation};
 
 /// A key as it stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Live {
     pub lease: LeaseId,
     pub create_revision: i64,
+    pub value: String,
 }
 
 /// A delete of a key, with its cause.
@@ -39,31 +40,36 @@ pub(crate) struct Transition {
 #[derive(Debug, Clone)]
 pub(crate) struct LeaderSpan {
     pub from: Duration,
+    /// The revision that made it leader.
+    pub revision: i64,
     pub token: Option<i64>,
 }
 
-/// A fenced write that the store accepted.
+/// One committed write transaction.
 #[derive(Debug, Clone)]
-pub(crate) struct Work {
+pub struct Commit {
+    /// When.
     pub at: Duration,
+    /// Its revision.
     pub revision: i64,
-    pub token: i64,
-    /// The election's oldest key's create revision when it was written.
-    pub leader: Option<i64>,
+    /// Who made it.
+    pub origin: Origin,
+    /// What changed.
+    pub events: Vec<Event>,
 }
 
 /// Everything the checkers ask of the truth.
 #[derive(Debug, Default)]
 pub(crate) struct Truth {
-    /// Hosts present after each revision that changed them.
-    hosts_at: BTreeMap<i64, BTreeSet<String>>,
+    /// Hosts (with their metadata) present after each revision that changed them.
+    hosts_at: BTreeMap<i64, BTreeMap<String, String>>,
     /// Per host, its transitions in revision order.
     pub transitions: BTreeMap<String, Vec<Transition>>,
     pub deletions: Vec<Deletion>,
     /// Per election, its leader over time.
-    pub leaders: BTreeMap<usize, Vec<LeaderSpan>>,
-    /// Per election, its accepted fenced writes.
-    pub work: BTreeMap<usize, Vec<Work>>,
+    pub leaders: BTreeMap<String, Vec<LeaderSpan>>,
+    /// Every commit, in order.
+    pub commits: Vec<Commit>,
     /// Who granted each lease (the client id), and when.
     pub grants: BTreeMap<LeaseId, (u64, Duration)>,
     /// When each lease ended.
@@ -92,16 +98,25 @@ pub(crate) struct KeySpan {
     pub until: Option<Duration>,
 }
 
+/// The election a key belongs to: its name is the key up to the last `/`.
+fn election_of(key: &str) -> Option<&str> {
+    key.rsplit_once('/').map(|(name, _)| name)
+}
+
 impl Truth {
-    pub(crate) fn build(history: &History, elections: usize) -> Truth {
+    pub(crate) fn build(history: &History) -> Truth {
         let mut t = Truth::default();
+        let elections: BTreeSet<String> = history
+            .records
+            .iter()
+            .filter_map(|r| match &r.what {
+                Happening::LeaderStart { election, .. } => Some(election.clone()),
+                _ => None,
+            })
+            .collect();
         let mut keys: BTreeMap<String, Live> = BTreeMap::new();
         let mut open_spans: BTreeMap<String, usize> = BTreeMap::new();
-        t.hosts_at.insert(0, BTreeSet::new());
-        let prefixes: Vec<String> = (0..elections)
-            .map(|e| format!("{}/", election_name(e)))
-            .collect();
-        let works: Vec<String> = (0..elections).map(crate::node::work_key).collect();
+        t.hosts_at.insert(0, BTreeMap::new());
         for r in &history.records {
             match &r.what {
                 Happening::Started { who, client } => {
@@ -127,15 +142,26 @@ impl Truth {
                     events,
                 }) => {
                     t.revision_at.insert(*revision, r.at);
+                    t.commits.push(Commit {
+                        at: r.at,
+                        revision: *revision,
+                        origin: *origin,
+                        events: events.clone(),
+                    });
                     let mut hosts_changed = false;
+                    let mut touched: BTreeSet<&str> = BTreeSet::new();
                     for e in events {
                         let key = String::from_utf8_lossy(&e.kv.key).into_owned();
+                        if let Some(name) = election_of(&key).and_then(|n| elections.get(n)) {
+                            touched.insert(name.as_str());
+                        }
                         let before = keys.get(&key).cloned();
                         match e.kind {
                             EventKind::Put => {
                                 let live = Live {
                                     lease: e.kv.lease,
                                     create_revision: e.kv.create_revision,
+                                    value: String::from_utf8_lossy(&e.kv.value).into_owned(),
                                 };
                                 if before.as_ref().map(|b| b.lease) != Some(e.kv.lease) {
                                     if let Some(i) = open_spans.remove(&key) {
@@ -150,19 +176,13 @@ impl Truth {
                                         until: None,
                                     });
                                 }
+                                let changed =
+                                    before.as_ref().map(|b| &b.value) != Some(&live.value);
                                 keys.insert(key.clone(), live);
-                                if let Some(i) = works.iter().position(|w| *w == key) {
-                                    let token =
-                                        String::from_utf8_lossy(&e.kv.value).parse().unwrap_or(-1);
-                                    t.work.entry(i).or_default().push(Work {
-                                        at: r.at,
-                                        revision: *revision,
-                                        token,
-                                        leader: None,
-                                    });
-                                }
                                 if before.is_none() {
                                     hosts_changed |= t.host_transition(&key, *revision, true);
+                                } else if changed {
+                                    hosts_changed |= key.starts_with(HOSTS);
                                 }
                             }
                             EventKind::Delete => {
@@ -186,28 +206,28 @@ impl Truth {
                     }
                     if hosts_changed {
                         let set = keys
-                            .keys()
-                            .filter_map(|k| k.strip_prefix(HOSTS).map(str::to_owned))
+                            .iter()
+                            .filter_map(|(k, v)| {
+                                k.strip_prefix(HOSTS)
+                                    .map(|h| (h.to_owned(), v.value.clone()))
+                            })
                             .collect();
                         t.hosts_at.insert(*revision, set);
                     }
-                    for (e, prefix) in prefixes.iter().enumerate() {
+                    for name in touched {
+                        let prefix = format!("{name}/");
                         let leader = keys
-                            .iter()
-                            .filter(|(k, _)| k.starts_with(prefix.as_str()))
+                            .range(prefix.clone()..)
+                            .take_while(|(k, _)| k.starts_with(&prefix))
                             .map(|(_, v)| v.create_revision)
                             .min();
-                        let spans = t.leaders.entry(e).or_default();
+                        let spans = t.leaders.entry(name.to_owned()).or_default();
                         if spans.last().map(|s| s.token) != Some(leader) {
                             spans.push(LeaderSpan {
                                 from: r.at,
+                                revision: *revision,
                                 token: leader,
                             });
-                        }
-                        if let Some(w) = t.work.get_mut(&e).and_then(|w| w.last_mut()) {
-                            if w.revision == *revision {
-                                w.leader = leader;
-                            }
                         }
                     }
                 }
@@ -230,8 +250,8 @@ impl Truth {
         true
     }
 
-    /// The hosts registered at `revision`.
-    pub(crate) fn hosts_at(&self, revision: i64) -> &BTreeSet<String> {
+    /// The hosts registered at `revision`, with their metadata.
+    pub(crate) fn hosts_at(&self, revision: i64) -> &BTreeMap<String, String> {
         self.hosts_at
             .range(..=revision)
             .next_back()
@@ -239,13 +259,12 @@ impl Truth {
             .expect("revision 0 is always there")
     }
 
-    /// The election's leader (the oldest key's create revision) just after `revision`.
-    pub(crate) fn leader_after(&self, election: usize, revision: i64) -> Option<i64> {
-        let at = *self.revision_at.get(&revision)?;
+    /// The election's leader (the oldest key's create revision) as of `revision`.
+    pub(crate) fn leader_at(&self, election: &str, revision: i64) -> Option<i64> {
         self.leaders
-            .get(&election)?
+            .get(election)?
             .iter()
-            .take_while(|s| s.from <= at)
+            .take_while(|s| s.revision <= revision)
             .last()
             .and_then(|s| s.token)
     }
@@ -253,6 +272,14 @@ impl Truth {
     /// The incarnation a client id belongs to (none for the operator and the store).
     pub(crate) fn incarnation_of(&self, client: u64) -> Option<Incarnation> {
         self.clients.get(&client).copied()
+    }
+
+    /// The incarnation that made a change (none for the operator and the store itself).
+    pub(crate) fn author(&self, origin: Origin) -> Option<Incarnation> {
+        match origin {
+            Origin::Client(c) => self.incarnation_of(c),
+            _ => None,
+        }
     }
 
     /// The incarnation that granted `lease`.

@@ -1,0 +1,414 @@
+//! The invariants of elections, for any service whose nodes record their leaderships: S1
+//! (tokens grow; the fenced resource accepts only the current leader), S2 (one believer at a
+//! time), S3 (no phantom leadership), L5 (a leader exists after the heal), L6 (failover).
+
+use std::time::Duration;
+
+use coord_api::KeyValue;
+
+use super::{Invariant, Run, Violation};
+use crate::fault::FaultKind;
+use crate::history::{Happening, Incarnation};
+
+/// The live incarnations at the end of the run (not crashed, not stopped).
+pub(super) fn live_at_end(run: &Run<'_>) -> Vec<Incarnation> {
+    let mut last: std::collections::BTreeMap<usize, Incarnation> = Default::default();
+    for who in run.beliefs.started.keys() {
+        let e = last.entry(who.node).or_insert(*who);
+        if who.inc > e.inc {
+            *e = *who;
+        }
+    }
+    last.into_values()
+        .filter(|w| !run.beliefs.crashed.contains_key(w) && !run.beliefs.stopped.contains_key(w))
+        .collect()
+}
+
+/// The bound for healing after the heal instant: τ + B + ET (a leader change's lease
+/// extension) + RTT.
+pub(super) fn heal_bound(run: &Run<'_>) -> Duration {
+    let s = run.scenario;
+    s.ttl + s.max_backoff + s.election_timeout + run.rtt()
+}
+
+fn prefix(election: &str) -> String {
+    format!("{election}/")
+}
+
+/// S1, the beliefs: successive leaders' tokens strictly increase.
+///
+/// Beliefs begin when a campaign's confirming read comes back, up to one round trip after the
+/// store answered it; so a belief can begin with a lower token than one that began just
+/// before it, when its key was deleted while its reply travelled (an operator's revoke under
+/// added latency). That stale belief is S3's to bound (it ends within the notice bound after
+/// the key went), and [`FencedWrites`] shows no write of it was accepted; it is excused here
+/// only when its key was already gone, at most one round trip before it began.
+pub(super) fn s1_tokens_grow(run: &Run<'_>, out: &mut Vec<Violation>) {
+    let mut last: std::collections::BTreeMap<&str, (i64, Incarnation)> = Default::default();
+    for r in &run.history.records {
+        let Happening::LeaderStart {
+            who,
+            election,
+            token,
+        } = &r.what
+        else {
+            continue;
+        };
+        if let Some((prev, prev_who)) = last.get(election.as_str()) {
+            // The same incarnation leading again on the key it still holds (a resign that
+            // failed, then a re-campaign rejoined its key) is one leadership, not two.
+            let rejoined = token == prev && who == prev_who;
+            let p = prefix(election);
+            let stale = run.truth.deletions.iter().any(|d| {
+                d.create_revision == *token
+                    && d.key.starts_with(&p)
+                    && d.at <= r.at
+                    && r.at <= d.at + run.rtt()
+            });
+            if token <= prev && !rejoined && !stale {
+                out.push(run.violation(
+                    "S1",
+                    r.at,
+                    &[*prev_who, *who],
+                    format!("election {election}: leader token {token} after {prev}"),
+                ));
+            }
+        }
+        // The highest token so far is what the next leader must exceed.
+        if last
+            .get(election.as_str())
+            .is_none_or(|(prev, _)| token >= prev)
+        {
+            last.insert(election, (*token, *who));
+        }
+    }
+}
+
+/// S1, the fenced resource: every write the store accepted to the keys under a prefix
+/// carries the token of the election's leader at that revision, and tokens never go back.
+/// What the leader of an election writes through its fence (coord's nodes write their token
+/// to `work/<election>`; a scheduler, its results).
+///
+/// ```
+/// use coord_chaos::FencedWrites;
+/// // Results are written as "<token>:<job>" by the leader of "jobs".
+/// let fenced = FencedWrites::new("jobs", "results/", |value| {
+///     std::str::from_utf8(value).ok()?.split(':').next()?.parse().ok()
+/// });
+/// # let _ = fenced;
+/// ```
+#[derive(Debug, Clone)]
+pub struct FencedWrites {
+    name: String,
+    election: String,
+    prefix: Vec<u8>,
+    token: fn(&[u8]) -> Option<i64>,
+}
+
+impl FencedWrites {
+    /// The writes under `prefix`, fenced by `election`'s leadership, each carrying its
+    /// writer's token in its value (read by `token`).
+    pub fn new(
+        election: impl Into<String>,
+        prefix: impl Into<Vec<u8>>,
+        token: fn(&[u8]) -> Option<i64>,
+    ) -> Self {
+        let election = election.into();
+        FencedWrites {
+            name: format!("S1 (fence of {election})"),
+            election,
+            prefix: prefix.into(),
+            token,
+        }
+    }
+
+    fn accepted<'r>(
+        &'r self,
+        run: &'r Run<'_>,
+    ) -> impl Iterator<Item = (Duration, i64, KeyValue)> + 'r {
+        run.commits().iter().flat_map(move |c| {
+            c.events
+                .iter()
+                .filter(|e| {
+                    e.kind == coord_api::EventKind::Put && e.kv.key.starts_with(&self.prefix)
+                })
+                .map(move |e| (c.at, c.revision, e.kv.clone()))
+        })
+    }
+}
+
+impl Invariant for FencedWrites {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn check(&self, run: &Run<'_>, out: &mut Vec<Violation>) {
+        let mut max = i64::MIN;
+        for (at, revision, kv) in self.accepted(run) {
+            let token = (self.token)(&kv.value);
+            let leader = run.leader_at(&self.election, revision);
+            let key = kv.key_str();
+            match token {
+                Some(t) if leader == Some(t) => {}
+                _ => out.push(run.violation(
+                    "S1",
+                    at,
+                    &[],
+                    format!(
+                        "election {}: the store accepted {key} with token {token:?} at revision {revision} while the leader's token was {leader:?}",
+                        self.election
+                    ),
+                )),
+            }
+            if let Some(t) = token {
+                if t < max {
+                    out.push(run.violation(
+                        "S1",
+                        at,
+                        &[],
+                        format!(
+                            "election {}: accepted {key} with token {t} after token {max}",
+                            self.election
+                        ),
+                    ));
+                }
+                max = max.max(t);
+            }
+        }
+    }
+}
+
+/// S2: at most one node believes it leads an election at any instant, unless a believer
+/// was paused or an operator revoked or deleted keys shortly before.
+pub(super) fn s2_belief_exclusivity(run: &Run<'_>, out: &mut Vec<Violation>) {
+    let ttl = run.scenario.ttl;
+    let leading = &run.beliefs.leading;
+    for (i, a) in leading.iter().enumerate() {
+        for b in &leading[i + 1..] {
+            if b.election != a.election || b.from >= a.until || a.who == b.who {
+                continue;
+            }
+            let start = b.from.max(a.from);
+            let end = b.until.min(a.until);
+            if end <= start {
+                continue;
+            }
+            let paused = [a.who.node, b.who.node].iter().any(|n| {
+                run.beliefs.fault_near(
+                    Some(*n),
+                    &[FaultKind::Pause],
+                    start.saturating_sub(ttl),
+                    end,
+                )
+            });
+            let operator = run.beliefs.fault_near(
+                None,
+                &[FaultKind::Revoke, FaultKind::Delete],
+                start.saturating_sub(ttl),
+                start,
+            );
+            if !paused && !operator {
+                out.push(run.violation(
+                    "S2",
+                    start,
+                    &[a.who, b.who],
+                    format!(
+                        "election {}: both believe they lead for {:.3}s (tokens {} and {})",
+                        a.election,
+                        (end - start).as_secs_f64(),
+                        a.token,
+                        b.token
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// S3: a leadership begins only while its key exists and is the oldest of the election
+/// (within one round trip), and ends within the notice bound after the key is deleted.
+pub(super) fn s3_no_phantom_leadership(run: &Run<'_>, out: &mut Vec<Violation>) {
+    let window = run.rtt();
+    for l in &run.beliefs.leading {
+        let spans = run
+            .truth
+            .leaders
+            .get(&l.election)
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        let lo = l.from.saturating_sub(window);
+        let led = spans.iter().enumerate().any(|(i, s)| {
+            let until = spans.get(i + 1).map(|n| n.from);
+            s.token == Some(l.token) && s.from <= l.from && until.is_none_or(|u| u > lo)
+        });
+        if !led {
+            out.push(run.violation(
+                "S3",
+                l.from,
+                &[l.who],
+                format!(
+                    "election {}: believes it leads with token {}, but that key was not the oldest of the election within {:?} before",
+                    l.election, l.token, window
+                ),
+            ));
+            continue;
+        }
+        // The key's deletion ends the belief: at once when the node is healthy, by its
+        // session deadline otherwise.
+        let p = prefix(&l.election);
+        let deleted = run
+            .truth
+            .deletions
+            .iter()
+            .find(|d| d.create_revision == l.token && d.key.starts_with(&p));
+        if let Some(d) = deleted {
+            let disturbed: Vec<FaultKind> = FaultKind::ALL
+                .into_iter()
+                .filter(|k| k.disturbs_link())
+                .collect();
+            let faulty = run.beliefs.fault_near(
+                Some(l.who.node),
+                &disturbed,
+                d.at.saturating_sub(run.scenario.ttl),
+                d.at + window,
+            );
+            let bound = if faulty {
+                run.scenario.ttl + window
+            } else {
+                window
+            };
+            if l.until > d.at + bound {
+                out.push(run.violation(
+                    "S3",
+                    d.at + bound,
+                    &[l.who],
+                    format!(
+                        "election {}: still believes it leads (token {}) {:.3}s after its key was deleted (bound {:.3}s)",
+                        l.election,
+                        l.token,
+                        (l.until - d.at).as_secs_f64(),
+                        bound.as_secs_f64()
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// L5: after t_h + τ + B + ET + RTT, no election goes without a leader for longer than
+/// τ + B + 2RTT.
+pub(super) fn l5_leader_exists(run: &Run<'_>, out: &mut Vec<Violation>) {
+    let from = run.beliefs.heal + heal_bound(run);
+    let gap_bound = run.scenario.ttl + run.scenario.max_backoff + run.rtt() * 2;
+    if from >= run.end || live_at_end(run).is_empty() {
+        return;
+    }
+    let elections: std::collections::BTreeSet<&str> = run
+        .beliefs
+        .leading
+        .iter()
+        .map(|l| l.election.as_str())
+        .collect();
+    for e in elections {
+        let mut spans: Vec<(Duration, Duration)> = run
+            .beliefs
+            .leading
+            .iter()
+            .filter(|l| l.election == e && l.until > from)
+            .map(|l| (l.from.max(from), l.until))
+            .collect();
+        spans.sort();
+        let mut covered_to = from;
+        let mut worst = (Duration::ZERO, from);
+        for (a, b) in spans.iter().copied().chain([(run.end, run.end)]) {
+            if a > covered_to && a - covered_to > worst.0 {
+                worst = (a - covered_to, covered_to);
+            }
+            covered_to = covered_to.max(b);
+        }
+        if worst.0 > gap_bound {
+            out.push(run.violation(
+                "L5",
+                worst.1,
+                &[],
+                format!(
+                    "election {e} had no leader for {:.3}s after the heal (bound {:.3}s)",
+                    worst.0.as_secs_f64(),
+                    gap_bound.as_secs_f64()
+                ),
+            ));
+        }
+    }
+}
+
+/// L6: when a leader crashes and nothing else is wrong, the candidate next in the queue leads
+/// within one round trip (plus a retry pause) of the old key's expiry, if it is alive: a
+/// successor that crashed too is not promised anything (its key blocks the queue until it
+/// expires, and L5 bounds that).
+pub(super) fn l6_failover(run: &Run<'_>, out: &mut Vec<Violation>) {
+    let quiet_kinds: Vec<FaultKind> = FaultKind::ALL
+        .into_iter()
+        .filter(|k| *k != FaultKind::Crash)
+        .collect();
+    for l in run.beliefs.leading.iter().filter(|l| l.crashed) {
+        let p = prefix(&l.election);
+        let Some(d) = run
+            .truth
+            .deletions
+            .iter()
+            .find(|d| d.create_revision == l.token && d.key.starts_with(&p))
+        else {
+            continue;
+        };
+        let bound = d.at + run.rtt() + Duration::from_millis(500);
+        if bound >= run.end
+            || run.beliefs.fault_near(
+                None,
+                &quiet_kinds,
+                l.until.saturating_sub(run.scenario.ttl),
+                bound,
+            )
+        {
+            continue;
+        }
+        // The next in the queue: the election's oldest key once the old one is gone, and who
+        // campaigned with it.
+        let Some(successor) = run.truth.leader_at(&l.election, d.revision) else {
+            continue;
+        };
+        let Some(owner) = run
+            .truth
+            .key_spans
+            .iter()
+            .find(|s| s.create_revision == successor && s.key.starts_with(&p))
+            .and_then(|s| run.truth.granted_by(s.lease))
+        else {
+            continue;
+        };
+        let alive = run.beliefs.crashed.get(&owner).is_none_or(|c| *c > bound)
+            && run.beliefs.stopping.get(&owner).is_none_or(|s| *s > bound);
+        if !alive {
+            continue;
+        }
+        let next = run
+            .beliefs
+            .leading
+            .iter()
+            .filter(|n| n.election == l.election && n.from >= l.from && n.token != l.token)
+            .map(|n| n.from)
+            .min();
+        if next.is_none_or(|n| n > bound) {
+            out.push(run.violation(
+                "L6",
+                bound,
+                &[l.who, owner],
+                format!(
+                    "election {}: the leader crashed, its key expired at {:.3}s, and {owner} (next in the queue, token {successor}) did not lead by {:.3}s",
+                    l.election,
+                    d.at.as_secs_f64(),
+                    bound.as_secs_f64()
+                ),
+            ));
+        }
+    }
+}

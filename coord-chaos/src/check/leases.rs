@@ -1,0 +1,74 @@
+//! L3: the leases of a crashed incarnation end in time.
+
+use std::time::Duration;
+
+use super::{Run, Violation};
+use crate::fault::FaultKind;
+
+/// L3: a crashed incarnation's leases end by their last renewal + τ, or by a later lease
+/// refresh (leader change, store restart) + ET + τ.
+pub(super) fn l3_dead_host_expiry(run: &Run<'_>, out: &mut Vec<Violation>) {
+    let slack = Duration::from_millis(1);
+    for (who, crashed) in &run.beliefs.crashed {
+        for (lease, (client, _)) in &run.truth.grants {
+            if run.truth.incarnation_of(*client) != Some(*who) {
+                continue;
+            }
+            let ended = run.truth.lease_ends.get(lease).copied();
+            if ended.is_some_and(|e| e <= *crashed) {
+                continue;
+            }
+            // Renewals still in flight when it crashed arrive afterwards (within one
+            // message's latency) and count.
+            let bound = expiry_bound(run, *lease, *crashed + run.rtt()) + slack;
+            let late = match ended {
+                Some(e) => e > bound,
+                None => run.end > bound,
+            };
+            if late {
+                out.push(run.violation(
+                    "L3",
+                    bound,
+                    &[*who],
+                    format!(
+                        "lease {lease} of a crashed incarnation ended at {} (bound {:.3}s)",
+                        ended.map_or("never".to_owned(), |e| format!("{:.3}s", e.as_secs_f64())),
+                        bound.as_secs_f64()
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// When the store ought to have ended `lease`, counting renewals up to `since` only: its last
+/// renewal + τ, moved by every refresh before then (a leader change: + ET + τ) and by every
+/// store downtime covering it (nothing expires while the store is down; the restart
+/// refreshes).
+fn expiry_bound(run: &Run<'_>, lease: coord_api::LeaseId, since: Duration) -> Duration {
+    let ttl = run.scenario.ttl;
+    let renewed = run
+        .truth
+        .renewals
+        .get(&lease)
+        .and_then(|r| r.iter().rev().find(|t| **t <= since).copied())
+        .or_else(|| run.truth.grants.get(&lease).map(|g| g.1))
+        .unwrap_or_default();
+    let mut bound = renewed + ttl;
+    loop {
+        let before = bound;
+        for (at, extend) in &run.truth.promotes {
+            if *at >= renewed && *at <= bound {
+                bound = bound.max(*at + *extend + ttl);
+            }
+        }
+        for f in &run.beliefs.faults {
+            if f.fault.kind == FaultKind::StoreCrash && f.from <= bound && f.until >= bound {
+                bound = bound.max(f.until + run.scenario.election_timeout + ttl);
+            }
+        }
+        if bound == before {
+            return bound;
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! The invariants of coord's registrations: S6 (no foreign deletes), S7 (one registration per
+//! host), L1 (self-healing, and a lone loss healed within the backoff's first step), L2
+//! (ride-through), M1 (writes carry the latest metadata).
+
+use std::time::Duration;
+
+use coord_sim::journal::{Entry, Origin};
+
+use super::elections::{heal_bound, live_at_end};
+use super::{FaultSpan, Run, Violation};
+use crate::coord_node::{host_key, metadata_generation, HOSTS};
+use crate::fault::FaultKind;
+use crate::history::{Happening, Incarnation, Part};
+
+/// S6: a node deletes (or revokes away) only keys under its own incarnation's leases.
+pub(super) fn s6_no_foreign_deletes(run: &Run<'_>, out: &mut Vec<Violation>) {
+    for d in &run.truth.deletions {
+        let Some(deleter) = run.truth.author(d.origin) else {
+            continue; // the operator's faults
+        };
+        let owner = run.truth.granted_by(d.lease);
+        if owner != Some(deleter) {
+            let mut nodes = vec![deleter];
+            nodes.extend(owner);
+            out.push(run.violation(
+                "S6",
+                d.at,
+                &nodes,
+                format!(
+                    "{deleter} deleted {} (revision {}) under lease {}, which is {}'s",
+                    d.key,
+                    d.revision,
+                    d.lease,
+                    owner.map_or("nobody".to_owned(), |o| o.to_string())
+                ),
+            ));
+        }
+    }
+}
+
+/// S7: once a newer incarnation of a host is registered, no key of an older incarnation
+/// stays under the host's name for longer than τ + RTT.
+pub(super) fn s7_single_registration(run: &Run<'_>, out: &mut Vec<Violation>) {
+    let bound = run.scenario.ttl + run.rtt();
+    for span in &run.truth.key_spans {
+        if !span.key.starts_with(HOSTS) {
+            continue;
+        }
+        let Some(owner) = run.truth.granted_by(span.lease) else {
+            continue;
+        };
+        let until = span.until.unwrap_or(run.end);
+        let newer = run.beliefs.registered.iter().find(|r| {
+            r.who.node == owner.node
+                && r.who.inc > owner.inc
+                && r.key == span.key
+                && r.from + bound < until
+                && r.from >= span.from
+        });
+        if let Some(r) = newer {
+            out.push(run.violation(
+                "S7",
+                r.from + bound,
+                &[owner, r.who],
+                format!(
+                    "{} still holds {} {:.3}s after {} registered",
+                    owner,
+                    span.key,
+                    (until - r.from).as_secs_f64(),
+                    r.who
+                ),
+            ));
+        }
+    }
+}
+
+/// L1: by t_h + τ + B + ET + RTT every live node is registered, believes it, and stays so.
+/// And a lone loss (the lease revoked, the key deleted, with nothing else near) heals within
+/// the backoff's first step, every time: a backoff that does not start over after a heal
+/// fails the second one.
+pub(super) fn l1_self_healing(run: &Run<'_>, out: &mut Vec<Violation>) {
+    let from = run.beliefs.heal + heal_bound(run);
+    if from < run.end {
+        for who in live_at_end(run) {
+            let key = host_key(who.node);
+            // The key must exist under this incarnation's lease from `from` to the end.
+            let span = run.truth.key_spans.iter().find(|s| {
+                s.key == key
+                    && run.truth.granted_by(s.lease) == Some(who)
+                    && s.from <= from
+                    && s.until.is_none()
+            });
+            let covered = span.is_some();
+            let believed = run.beliefs.registered.iter().any(|r| {
+                r.who == who
+                    && r.from <= from
+                    && r.until >= run.end
+                    && span.is_none_or(|s| s.lease == r.lease)
+            });
+            if !covered || !believed {
+                out.push(run.violation(
+                    "L1",
+                    from,
+                    &[who],
+                    format!(
+                        "not registered for good by {:.3}s (heal + {:.3}s): key held to the end: {covered}, believed: {believed}",
+                        from.as_secs_f64(),
+                        heal_bound(run).as_secs_f64()
+                    ),
+                ));
+            }
+        }
+    }
+    // Lone losses. The heal's first attempt comes within the backoff's first step; the
+    // attempt is a grant and a put.
+    let s = run.scenario;
+    let bound = s.initial_backoff + s.rtt() * 4 + Duration::from_millis(5);
+    for lost in &run.beliefs.registered {
+        if lost.until >= run.end
+            || run.beliefs.crashed.contains_key(&lost.who)
+            || run.beliefs.stopping.contains_key(&lost.who)
+        {
+            continue;
+        }
+        let t = lost.until;
+        let window = (t.saturating_sub(s.ttl), t + bound + s.rtt());
+        // Lost replies linger until the node's next writes take them, each waiting out the
+        // request timeout.
+        let lingering = |f: &FaultSpan| {
+            f.fault.kind == FaultKind::LostReplies
+                && f.fault.node == lost.who.node
+                && f.from + s.ttl * 2 + s.request_timeout * 3 >= t
+        };
+        let alone = run.beliefs.faults.iter().all(|f| {
+            (matches!(f.fault.kind, FaultKind::Revoke | FaultKind::Delete)
+                || !super::overlaps(f, window.0, window.1))
+                && !lingering(f)
+        });
+        let stopped = run.beliefs.part_stops.iter().any(|p| {
+            p.who == lost.who
+                && p.part == Part::Registration
+                && p.began <= window.1
+                && p.restarted.is_none_or(|r| r >= window.0)
+        });
+        if !alone || stopped {
+            continue;
+        }
+        let back = run
+            .beliefs
+            .registered
+            .iter()
+            .filter(|r| r.who == lost.who && r.from >= t)
+            .map(|r| r.from)
+            .min();
+        if back.is_none_or(|b| b > t + bound) {
+            out.push(run.violation(
+                "L1",
+                t + bound,
+                &[lost.who],
+                format!(
+                    "lost its registration at {:.3}s with the store reachable and nothing else wrong, and was not back by {:.3}s (the backoff's first step, {:?}, plus a grant and a put){}",
+                    t.as_secs_f64(),
+                    (t + bound).as_secs_f64(),
+                    s.initial_backoff,
+                    back.map_or(String::new(), |b| format!("; back at {:.3}s", b.as_secs_f64()))
+                ),
+            ));
+        }
+    }
+}
+
+/// L2: a disruption a registration must ride through, with nothing else going on, deletes
+/// none of the node's keys, ends none of its beliefs and changes none of its leases: a
+/// network blip (partition, one way, hold) shorter than τ − 2·KA − RTT (the bound for a client
+/// that renews on its cadence, KA the renewal period), a closed stream, an etcd leader change.
+pub(super) fn l2_ride_through(run: &Run<'_>, out: &mut Vec<Violation>) {
+    let s = run.scenario;
+    let ttl = s.ttl;
+    let blip = ttl
+        .saturating_sub(s.renew_period() * 2)
+        .saturating_sub(s.rtt());
+    for f in &run.beliefs.faults {
+        let rides = match f.fault.kind {
+            FaultKind::Partition | FaultKind::OneWay | FaultKind::Hold => f.until - f.from < blip,
+            FaultKind::CloseStreams | FaultKind::LeaderChange => true,
+            _ => false,
+        };
+        if !rides {
+            continue;
+        }
+        let (from, until) = (f.from, f.until + ttl);
+        if until >= run.end
+            || run
+                .beliefs
+                .anything_near(Some(f), from.saturating_sub(ttl), until)
+        {
+            continue;
+        }
+        let nodes: Vec<usize> = if f.fault.kind.targets_node() {
+            vec![f.fault.node]
+        } else {
+            (0..s.hosts).collect()
+        };
+        for n in nodes {
+            check_rode_through(run, f, n, (from, until), out);
+        }
+    }
+}
+
+fn check_rode_through(
+    run: &Run<'_>,
+    f: &FaultSpan,
+    node: usize,
+    (from, until): (Duration, Duration),
+    out: &mut Vec<Violation>,
+) {
+    let Some(who) = run
+        .beliefs
+        .started
+        .iter()
+        .filter(|(w, at)| w.node == node && **at <= from)
+        .map(|(w, _)| *w)
+        .next_back()
+    else {
+        return;
+    };
+    if run.beliefs.crashed.contains_key(&who) || run.beliefs.stopped.contains_key(&who) {
+        return;
+    }
+    // Deleted by the store (expiry) or an operator; the node's own resignations and
+    // clean-ups are its business.
+    let own = |o: Origin| run.truth.author(o) == Some(who);
+    let lost_key = run.truth.deletions.iter().find(|d| {
+        d.at >= from
+            && d.at <= until
+            && run.truth.granted_by(d.lease) == Some(who)
+            && !own(d.origin)
+    });
+    let lost_lead = run.beliefs.leading.iter().find(|l| {
+        l.who == who && !l.resigned && l.from < from && l.until >= from && l.until <= until
+    });
+    let lost_reg = run
+        .beliefs
+        .registered
+        .iter()
+        .find(|r| r.who == who && r.from < from && r.until >= from && r.until <= until);
+    let what = match (lost_key, lost_lead, lost_reg) {
+        (Some(d), _, _) => format!(
+            "its key {} was deleted at {:.3}s",
+            d.key,
+            d.at.as_secs_f64()
+        ),
+        (_, Some(l), _) => format!(
+            "it lost its leadership of {} at {:.3}s",
+            l.election,
+            l.until.as_secs_f64()
+        ),
+        (_, _, Some(r)) => format!(
+            "its registration left lease {} at {:.3}s",
+            r.lease,
+            r.until.as_secs_f64()
+        ),
+        _ => return,
+    };
+    out.push(run.violation(
+        "L2",
+        f.from,
+        &[who],
+        format!(
+            "a {} of {:.3}s, with nothing else going on: {what}",
+            f.fault.kind,
+            (f.until - f.from).as_secs_f64(),
+        ),
+    ));
+}
+
+/// M1: every write of a host's key by its node carries the metadata the node last set before
+/// the write (or newer): a heal, a put-back after a delete, a re-put never brings back an old
+/// value.
+pub(super) fn m1_latest_metadata(run: &Run<'_>, out: &mut Vec<Violation>) {
+    let mut latest: std::collections::BTreeMap<Incarnation, u64> = Default::default();
+    for r in &run.history.records {
+        match &r.what {
+            Happening::Metadata { who, value, .. } => {
+                if let Some(g) = metadata_generation(value.as_bytes()) {
+                    latest.insert(*who, g);
+                }
+            }
+            Happening::Store(Entry::Commit {
+                revision,
+                origin,
+                events,
+            }) => {
+                let Some(who) = run.author(*origin) else {
+                    continue;
+                };
+                let Some(set) = latest.get(&who).copied() else {
+                    continue;
+                };
+                let key = host_key(who.node);
+                for e in events.iter().filter(|e| {
+                    e.kind == coord_api::EventKind::Put && e.kv.key.as_ref() == key.as_bytes()
+                }) {
+                    if let Some(wrote) = metadata_generation(&e.kv.value).filter(|w| *w < set) {
+                        out.push(run.violation(
+                            "M1",
+                            r.at,
+                            &[who],
+                            format!(
+                                "wrote {key} with metadata generation {wrote} at revision {revision}, after setting generation {set}"
+                            ),
+                        ));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! The invariants of coord's cluster watchers: S4/S5 (every view equals the store at its
+//! revision, metadata included; events alternate, none lost, none twice) and L4
+//! (convergence).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use super::elections::{heal_bound, live_at_end};
+use super::{time_of, Run, Violation};
+use crate::coord_node::HOSTS;
+use crate::history::{Emitted, Happening, Incarnation};
+
+/// S4 and S5, per watcher incarnation: every view equals the truth at its revision (hosts and
+/// their metadata), and revisions never go back; per host the events alternate up and down
+/// and none repeats; outside a resync, every appearance and disappearance of a host is
+/// emitted, exactly.
+pub(super) fn s4_s5_watchers(run: &Run<'_>, out: &mut Vec<Violation>) {
+    #[derive(Default)]
+    struct W {
+        revision: i64,
+        up: BTreeSet<String>,
+        seen: BTreeSet<(String, i64, bool)>,
+        streamed: BTreeSet<(String, i64, bool)>,
+        covered: Vec<(i64, i64)>,
+        first: Option<i64>,
+        views: Vec<i64>,
+        /// The revision of the last event it emitted.
+        emitted: i64,
+    }
+    let mut ws: BTreeMap<Incarnation, W> = BTreeMap::new();
+    for r in &run.history.records {
+        match &r.what {
+            Happening::View {
+                who,
+                revision,
+                hosts,
+            } => {
+                let w = ws.entry(*who).or_default();
+                if *revision < w.revision {
+                    out.push(run.violation(
+                        "S4",
+                        r.at,
+                        &[*who],
+                        format!("view went back from revision {} to {revision}", w.revision),
+                    ));
+                }
+                w.revision = *revision;
+                w.views.push(*revision);
+                if w.first.is_none() && *revision > 0 {
+                    w.first = Some(*revision);
+                }
+                let truth = run.truth.hosts_at(*revision);
+                let view: BTreeMap<String, String> = hosts.iter().cloned().collect();
+                if *revision > 0 && view != *truth {
+                    out.push(run.violation(
+                        "S4",
+                        r.at,
+                        &[*who],
+                        format!("view at revision {revision} is {view:?}, the store had {truth:?}"),
+                    ));
+                }
+            }
+            Happening::Emitted(who, e) => {
+                let w = ws.entry(*who).or_default();
+                w.emitted = match e {
+                    Emitted::Up(_, _, r)
+                    | Emitted::Updated(_, _, r)
+                    | Emitted::Down(_, r)
+                    | Emitted::Resynced(r) => w.emitted.max(*r),
+                };
+                match e {
+                    Emitted::Up(h, _, rev) | Emitted::Down(h, rev) => {
+                        let up = matches!(e, Emitted::Up(..));
+                        if w.up.contains(h) == up {
+                            out.push(run.violation(
+                                "S5",
+                                r.at,
+                                &[*who],
+                                format!(
+                                    "{} {h} at revision {rev}, but it was already {}",
+                                    if up { "HostUp" } else { "HostDown" },
+                                    if up { "up" } else { "down" }
+                                ),
+                            ));
+                        }
+                        if up {
+                            w.up.insert(h.clone());
+                        } else {
+                            w.up.remove(h);
+                        }
+                        if !w.seen.insert((h.clone(), *rev, up)) {
+                            out.push(run.violation(
+                                "S5",
+                                r.at,
+                                &[*who],
+                                format!("{h} at revision {rev} emitted twice"),
+                            ));
+                        }
+                        w.streamed.insert((h.clone(), *rev, up));
+                    }
+                    Emitted::Updated(h, _, rev) => {
+                        if !w.up.contains(h) {
+                            out.push(run.violation(
+                                "S5",
+                                r.at,
+                                &[*who],
+                                format!("HostUpdated {h} at revision {rev} while it was down"),
+                            ));
+                        }
+                    }
+                    Emitted::Resynced(rev) => {
+                        // The diff before it was emitted at `rev`, and stands for every
+                        // change since the view before the listing.
+                        let before = w
+                            .views
+                            .iter()
+                            .rev()
+                            .find(|r| **r < *rev)
+                            .copied()
+                            .unwrap_or(0);
+                        w.covered.push((before, *rev));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    // Exactness: every truth transition after the first listing and up to the last view is
+    // emitted at its own revision, unless a resync window covers it. A watcher stopped (or
+    // crashed) may have published a view whose events it was then stopped before emitting:
+    // `stop` freezes the view and keeps only what was queued; it is judged up to what it
+    // emitted.
+    for (who, w) in &ws {
+        let Some(first) = w.first else { continue };
+        let ended = run.beliefs.stopping.contains_key(who) || run.beliefs.crashed.contains_key(who);
+        let reached = if ended {
+            w.revision.min(w.emitted)
+        } else {
+            w.revision
+        };
+        for (host, ts) in &run.truth.transitions {
+            for t in ts {
+                if t.revision <= first || t.revision > reached {
+                    continue;
+                }
+                let covered = w
+                    .covered
+                    .iter()
+                    .any(|(a, b)| t.revision > *a && t.revision <= *b);
+                if covered || w.streamed.contains(&(host.clone(), t.revision, t.up)) {
+                    continue;
+                }
+                out.push(run.violation(
+                    "S5",
+                    time_of(run, t.revision),
+                    &[*who],
+                    format!(
+                        "{} {host} at revision {} never emitted (watcher reached revision {})",
+                        if t.up { "HostUp" } else { "HostDown" },
+                        t.revision,
+                        w.revision
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// L4: once the hosts stop changing, every live watcher's view converges to the truth.
+pub(super) fn l4_watcher_convergence(run: &Run<'_>, out: &mut Vec<Violation>) {
+    let last_change = run
+        .truth
+        .transitions
+        .values()
+        .flatten()
+        .map(|t| time_of(run, t.revision))
+        .max()
+        .unwrap_or_default();
+    let settle = run.rtt() + Duration::from_secs(2);
+    if last_change + settle >= run.end || run.beliefs.heal + heal_bound(run) >= run.end {
+        return;
+    }
+    let truth: BTreeSet<String> = run
+        .truth
+        .final_keys
+        .keys()
+        .filter_map(|k| k.strip_prefix(HOSTS).map(str::to_owned))
+        .collect();
+    for who in live_at_end(run) {
+        let last = run
+            .history
+            .records
+            .iter()
+            .rev()
+            .find_map(|r| match &r.what {
+                Happening::View {
+                    who: w,
+                    hosts,
+                    revision,
+                } if *w == who => Some((hosts, *revision)),
+                _ => None,
+            });
+        let Some((hosts, revision)) = last else {
+            continue;
+        };
+        let view: BTreeSet<String> = hosts.iter().map(|(h, _)| h.clone()).collect();
+        if view != truth {
+            out.push(run.violation(
+                "L4",
+                last_change + settle,
+                &[who],
+                format!(
+                    "final view {view:?} (revision {revision}) differs from the store's {truth:?}"
+                ),
+            ));
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! One fault driver for every world: when each fault starts and ends, how overlapping faults
+//! of one kind on one node nest (the link is repaired when the last one ends), and what each
+//! does, in the terms of [`World`], which the in-process store and the turmoil network both
+//! implement.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::fault::{Fault, FaultKind};
+use crate::history::Happening;
+use crate::service::PartStopRequest;
+
+/// What the driver asks of a world. Link faults come already nested: `on` is the state the
+/// node's link must be in.
+pub(crate) trait World {
+    /// Records on the history, at the world's clock.
+    fn record(&mut self, what: Happening);
+    /// Partitions the node from the store both ways, or repairs it.
+    fn partition(&mut self, node: usize, on: bool);
+    /// Partitions the node one way (replies lost), or repairs it.
+    fn partition_oneway(&mut self, node: usize, on: bool);
+    /// Holds the node's messages, or releases them.
+    fn hold(&mut self, node: usize, on: bool);
+    /// Stalls the node's actions (a GC pause), or lets them go.
+    fn pause(&mut self, node: usize, on: bool);
+    /// Adds latency to the node's requests.
+    fn latency(&mut self, node: usize, extra: Duration);
+    /// Adds latency to the node's replies.
+    fn reply_latency(&mut self, node: usize, extra: Duration);
+    /// Loses the replies of the node's next writes.
+    fn lose_replies(&mut self, node: usize, count: u32);
+    /// Closes every stream of the store.
+    fn close_streams(&mut self);
+    /// An etcd leader change.
+    fn leader_change(&mut self);
+    /// Crashes the store, or restarts it.
+    fn store_down(&mut self, down: bool);
+    /// Starts or ends a compaction storm.
+    fn compaction(&mut self, storm: &Fault, on: bool);
+    /// An operator revokes or deletes one of the nodes' keys.
+    fn operator(&mut self, fault: &Fault);
+    /// Crashes the node's live incarnation.
+    fn crash(&mut self, node: usize);
+    /// Starts a crashed node again, as a new incarnation.
+    fn recover(&mut self, node: usize);
+    /// Restarts the node gracefully: a new incarnation, then the old one stops.
+    fn rolling_restart(&mut self, node: usize);
+    /// Asks the node to stop one of its parts for a while.
+    fn stop_part(&mut self, node: usize, request: PartStopRequest);
+}
+
+/// A fault starting or ending, at a time.
+#[derive(Debug, Clone)]
+pub(crate) struct Action {
+    pub(crate) at: Duration,
+    pub(crate) start: bool,
+    pub(crate) fault: Fault,
+}
+
+/// Every start and end of `faults` the world supports, in time order (at one instant,
+/// starts before ends).
+pub(crate) fn actions(faults: &[Fault], supported: impl Fn(FaultKind) -> bool) -> Vec<Action> {
+    let mut out = Vec::new();
+    for f in faults.iter().filter(|f| supported(f.kind)) {
+        out.push(Action {
+            at: f.at,
+            start: true,
+            fault: f.clone(),
+        });
+        if f.kind.lasts() {
+            out.push(Action {
+                at: f.at + f.length,
+                start: false,
+                fault: f.clone(),
+            });
+        }
+    }
+    out.sort_by_key(|a| (a.at, !a.start));
+    out
+}
+
+/// What nests: faults of one kind on one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Nest {
+    Partition,
+    OneWay,
+    /// Holds and pauses share one: a pause holds the link too.
+    Hold,
+    Pause,
+    Latency,
+    SlowReplies,
+    Crash,
+    Store,
+}
+
+/// The driver: see the module docs.
+#[derive(Debug, Default)]
+pub(crate) struct Driver {
+    counts: BTreeMap<(Nest, usize), u32>,
+}
+
+impl Driver {
+    /// Counts a nested fault in or out; true when it is the first in or the last out.
+    fn nest(&mut self, nest: Nest, node: usize, into: bool) -> bool {
+        let c = self.counts.entry((nest, node)).or_insert(0);
+        if into {
+            *c += 1;
+            *c == 1
+        } else {
+            *c = c.saturating_sub(1);
+            *c == 0
+        }
+    }
+
+    /// The heal instant: every fault is over, including replies still due to be lost (a
+    /// lost-replies fault lingers until the node's writes take it).
+    pub(crate) fn heal(&mut self, world: &mut impl World, hosts: usize) {
+        for n in 0..hosts {
+            world.lose_replies(n, 0);
+        }
+        world.record(Happening::Heal);
+    }
+
+    /// Applies one start or end, recording it.
+    pub(crate) fn apply(&mut self, world: &mut impl World, action: &Action) {
+        let f = &action.fault;
+        if action.start {
+            world.record(Happening::FaultStart(f.clone()));
+            self.begin(world, f);
+        } else {
+            self.end(world, f);
+            world.record(Happening::FaultEnd(f.clone()));
+        }
+    }
+
+    fn begin(&mut self, w: &mut impl World, f: &Fault) {
+        let n = f.node;
+        match f.kind {
+            FaultKind::Partition => {
+                if self.nest(Nest::Partition, n, true) {
+                    w.partition(n, true);
+                }
+            }
+            FaultKind::OneWay => {
+                if self.nest(Nest::OneWay, n, true) {
+                    w.partition_oneway(n, true);
+                }
+            }
+            FaultKind::Hold | FaultKind::Pause => {
+                if self.nest(Nest::Hold, n, true) {
+                    w.hold(n, true);
+                }
+                if f.kind == FaultKind::Pause && self.nest(Nest::Pause, n, true) {
+                    w.pause(n, true);
+                }
+            }
+            FaultKind::Latency => {
+                self.nest(Nest::Latency, n, true);
+                w.latency(n, f.added_latency());
+            }
+            FaultKind::SlowReplies => {
+                self.nest(Nest::SlowReplies, n, true);
+                w.reply_latency(n, f.added_latency());
+            }
+            FaultKind::LostReplies => w.lose_replies(n, f.length.as_millis() as u32),
+            FaultKind::CloseStreams => w.close_streams(),
+            FaultKind::LeaderChange => w.leader_change(),
+            FaultKind::StoreCrash => {
+                if self.nest(Nest::Store, 0, true) {
+                    w.store_down(true);
+                }
+            }
+            FaultKind::Compact => w.compaction(f, true),
+            FaultKind::Revoke | FaultKind::Delete => w.operator(f),
+            FaultKind::Crash => {
+                if self.nest(Nest::Crash, n, true) {
+                    w.crash(n);
+                }
+            }
+            FaultKind::Restart => w.rolling_restart(n),
+            FaultKind::Stop => w.stop_part(
+                n,
+                PartStopRequest {
+                    pick: f.pick,
+                    length: f.length,
+                },
+            ),
+        }
+    }
+
+    fn end(&mut self, w: &mut impl World, f: &Fault) {
+        let n = f.node;
+        match f.kind {
+            FaultKind::Partition => {
+                if self.nest(Nest::Partition, n, false) {
+                    w.partition(n, false);
+                }
+            }
+            FaultKind::OneWay => {
+                if self.nest(Nest::OneWay, n, false) {
+                    w.partition_oneway(n, false);
+                }
+            }
+            FaultKind::Hold | FaultKind::Pause => {
+                if self.nest(Nest::Hold, n, false) {
+                    w.hold(n, false);
+                }
+                if f.kind == FaultKind::Pause && self.nest(Nest::Pause, n, false) {
+                    w.pause(n, false);
+                }
+            }
+            FaultKind::Latency => {
+                if self.nest(Nest::Latency, n, false) {
+                    w.latency(n, Duration::ZERO);
+                }
+            }
+            FaultKind::SlowReplies => {
+                if self.nest(Nest::SlowReplies, n, false) {
+                    w.reply_latency(n, Duration::ZERO);
+                }
+            }
+            FaultKind::StoreCrash => {
+                if self.nest(Nest::Store, 0, false) {
+                    w.store_down(false);
+                }
+            }
+            FaultKind::Compact => w.compaction(f, false),
+            FaultKind::Crash => {
+                if self.nest(Nest::Crash, n, false) {
+                    w.recover(n);
+                }
+            }
+            // Instant faults have no end; a part stopped starts again by itself.
+            FaultKind::LostReplies
+            | FaultKind::CloseStreams
+            | FaultKind::LeaderChange
+            | FaultKind::Revoke
+            | FaultKind::Delete
+            | FaultKind::Restart
+            | FaultKind::Stop => {}
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! The in-process world: one [`SimStore`] and every node a client of it, in one runtime's
+//! virtual time. Link faults are the store's per-client faults; a crash cuts the node's link
+//! and drops its task.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use coord_api::sync::watch;
+use coord_api::{DynKvLeaseStore, GetRequest, KvLeaseStore, KvLeaseStoreExt};
+use coord_sim::{CompactionTask, SimConfig, SimStore};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::coord_node::HOSTS;
+use crate::driver::{actions, Driver, World};
+use crate::fault::{Fault, FaultKind};
+use crate::history::{Happening, History, Incarnation};
+use crate::recorder::Recorder;
+use crate::scenario::Scenario;
+use crate::service::{Node, NodeControl, PartStopRequest, Service};
+
+/// The link faults a node is under: a new incarnation starts under them too.
+#[derive(Debug, Clone, Copy, Default)]
+struct LinkFaults {
+    cut: bool,
+    deaf: bool,
+    held: bool,
+    latency: Duration,
+    reply_latency: Duration,
+}
+
+/// One node's slot: its live incarnation and the handles to hit it with faults.
+struct Slot {
+    inc: u32,
+    client: SimStore,
+    task: Option<JoinHandle<()>>,
+    control: NodeControl,
+    faults: LinkFaults,
+    paused: Arc<watch::Sender<bool>>,
+    crashed: bool,
+}
+
+impl Slot {
+    fn apply_link(&self) {
+        let c = &self.client;
+        if self.faults.cut || self.crashed {
+            c.partition()
+        } else {
+            c.repair()
+        }
+        if self.faults.deaf {
+            c.partition_oneway()
+        } else {
+            c.repair_oneway()
+        }
+        if self.faults.held {
+            c.hold()
+        } else {
+            c.release()
+        }
+        c.set_latency(self.faults.latency);
+        c.set_reply_latency(self.faults.reply_latency);
+    }
+}
+
+#[derive(Clone)]
+struct InProcess {
+    store: SimStore,
+    service: Arc<dyn Service>,
+    scenario: Arc<Scenario>,
+    rec: Recorder,
+    seed: u64,
+    slots: Arc<Mutex<Vec<Slot>>>,
+    /// Compaction storms under way; dropping one stops it.
+    storms: Arc<Mutex<BTreeMap<Fault, CompactionTask>>>,
+}
+
+/// Runs coord's own service ([`CoordService`](crate::CoordService)); see
+/// [`simulate_service`].
+///
+/// # Panics
+/// Inside an async context (it blocks on its own runtime).
+pub fn simulate(scenario: &Scenario, seed: u64, faults: &[Fault]) -> History {
+    simulate_service(Arc::new(crate::CoordService), scenario, seed, faults)
+}
+
+/// Runs `service` on `scenario`'s nodes under `faults`, from `seed`, in virtual time, and
+/// returns the history.
+///
+/// It builds its own single-threaded runtime with paused time, so a run takes only the wall
+/// time its computation needs, and the same inputs give the same history, in any build: the
+/// recipes' wake-ups happen in a fixed order, and when the scenario explores schedules, the
+/// recipes' yields are drawn from the seed.
+///
+/// # Panics
+/// Inside an async context (it blocks on its own runtime).
+pub fn simulate_service(
+    service: Arc<dyn Service>,
+    scenario: &Scenario,
+    seed: u64,
+    faults: &[Fault],
+) -> History {
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_time().start_paused(true);
+    // Tokio's own random choices (unbiased selects in dependencies) come from the seed too
+    // where a build can seed them (`--cfg tokio_unstable`); coord's in-process path makes none.
+    #[cfg(tokio_unstable)]
+    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()));
+    let rt = builder.build().expect("a current-thread runtime builds");
+    if scenario.explore {
+        coord_api::sync::explore::enable(seed);
+    }
+    let history = rt.block_on(drive(
+        service,
+        Arc::new(scenario.clone()),
+        seed,
+        faults.to_vec(),
+    ));
+    coord_api::sync::explore::disable();
+    // The nodes' tasks go with the runtime, here rather than at a later drop.
+    drop(rt);
+    history
+}
+
+impl InProcess {
+    fn slots(&self) -> MutexGuard<'_, Vec<Slot>> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts incarnation `inc` of `node`; returns its slot (not yet installed).
+    fn start(&self, node: usize, inc: u32, paused: Arc<watch::Sender<bool>>) -> Slot {
+        let client = self.store.connect();
+        let who = Incarnation { node, inc };
+        self.rec.record(Happening::Started {
+            who,
+            client: client.client_id(),
+        });
+        let store: Arc<DynKvLeaseStore> = Arc::new(client.clone());
+        let (ctx, control) = Node::new(
+            who,
+            store,
+            self.rec.clone(),
+            self.scenario.clone(),
+            self.seed ^ ((node as u64) << 32 | u64::from(inc)),
+            paused.subscribe(),
+        );
+        let task = tokio::spawn(crate::service::run_node(self.service.clone(), ctx));
+        Slot {
+            inc,
+            client,
+            task: Some(task),
+            control,
+            faults: LinkFaults::default(),
+            paused,
+            crashed: false,
+        }
+    }
+
+    /// Puts a new incarnation in the node's slot, under the faults the node is under;
+    /// returns the old one.
+    fn install(&self, n: usize, mut fresh: Slot) -> Slot {
+        let mut slots = self.slots();
+        fresh.faults = slots[n].faults;
+        fresh.apply_link();
+        std::mem::replace(&mut slots[n], fresh)
+    }
+
+    fn link(&self, node: usize, change: impl FnOnce(&mut LinkFaults)) {
+        let mut slots = self.slots();
+        change(&mut slots[node].faults);
+        slots[node].apply_link();
+    }
+
+    /// A rolling restart: the new incarnation comes up, then the old one stops.
+    async fn rolling_restart(self, n: usize) {
+        let (inc, paused) = {
+            let slots = self.slots();
+            let slot = &slots[n];
+            if slot.crashed || slot.task.is_none() {
+                return;
+            }
+            (slot.inc + 1, slot.paused.clone())
+        };
+        let fresh = self.start(n, inc, paused);
+        let mut ready = fresh.control.ready.clone();
+        let mut old = self.install(n, fresh);
+        // Bounded: a new incarnation that cannot come up (its link is faulty) does not keep
+        // the old one alive forever.
+        let _ = tokio::time::timeout(self.scenario.ttl * 2, ready.wait_for(|r| *r)).await;
+        old.control.stop.cancel();
+        if let Some(task) = old.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl World for InProcess {
+    fn record(&mut self, what: Happening) {
+        self.rec.record(what);
+    }
+
+    fn partition(&mut self, node: usize, on: bool) {
+        self.link(node, |f| f.cut = on);
+    }
+
+    fn partition_oneway(&mut self, node: usize, on: bool) {
+        self.link(node, |f| f.deaf = on);
+    }
+
+    fn hold(&mut self, node: usize, on: bool) {
+        self.link(node, |f| f.held = on);
+    }
+
+    fn pause(&mut self, node: usize, on: bool) {
+        self.slots()[node].paused.send_replace(on);
+    }
+
+    fn latency(&mut self, node: usize, extra: Duration) {
+        self.link(node, |f| f.latency = extra);
+    }
+
+    fn reply_latency(&mut self, node: usize, extra: Duration) {
+        self.link(node, |f| f.reply_latency = extra);
+    }
+
+    fn lose_replies(&mut self, node: usize, count: u32) {
+        self.slots()[node].client.lose_replies(count);
+    }
+
+    fn close_streams(&mut self) {
+        self.store.close_streams();
+    }
+
+    fn leader_change(&mut self) {
+        self.store.leader_change(self.scenario.election_timeout);
+    }
+
+    fn store_down(&mut self, down: bool) {
+        if down {
+            self.store.crash();
+        } else {
+            self.store.restart(self.scenario.election_timeout);
+        }
+    }
+
+    fn compaction(&mut self, storm: &Fault, on: bool) {
+        let mut storms = self.storms.lock().unwrap_or_else(|p| p.into_inner());
+        if on {
+            storms.insert(
+                storm.clone(),
+                self.store.compact_every(storm.compaction_period()),
+            );
+        } else {
+            storms.remove(storm);
+        }
+    }
+
+    fn operator(&mut self, fault: &Fault) {
+        let (store, fault) = (self.store.connect(), fault.clone());
+        tokio::spawn(async move { operate(&store, &fault).await });
+    }
+
+    fn crash(&mut self, n: usize) {
+        let mut slots = self.slots();
+        let slot = &mut slots[n];
+        if slot.crashed {
+            return;
+        }
+        // The link dies first, so nothing the incarnation left behind (a clean-up task)
+        // reaches the store; then everything it ran is dropped.
+        slot.crashed = true;
+        slot.apply_link();
+        if let Some(task) = slot.task.take() {
+            task.abort();
+        }
+        self.rec.record(Happening::Crashed(Incarnation {
+            node: n,
+            inc: slot.inc,
+        }));
+    }
+
+    fn recover(&mut self, n: usize) {
+        let (inc, paused) = {
+            let slots = self.slots();
+            if !slots[n].crashed {
+                return;
+            }
+            (slots[n].inc + 1, slots[n].paused.clone())
+        };
+        let fresh = self.start(n, inc, paused);
+        self.install(n, fresh);
+    }
+
+    fn rolling_restart(&mut self, n: usize) {
+        tokio::spawn(self.clone().rolling_restart(n));
+    }
+
+    fn stop_part(&mut self, n: usize, request: PartStopRequest) {
+        let _ = self.slots()[n].control.part_stops.send(request);
+    }
+}
+
+/// An operator revokes or deletes one of the nodes' keys (hosts and election candidates),
+/// picked by the fault.
+pub(crate) async fn operate(store: &dyn KvLeaseStore, f: &Fault) {
+    let mut keys = Vec::new();
+    for prefix in [HOSTS, "elections/"] {
+        match store.get(GetRequest::prefix(prefix)).await {
+            Ok(listing) => keys.extend(listing.kvs),
+            Err(_) => return,
+        }
+    }
+    if keys.is_empty() {
+        return;
+    }
+    let kv = &keys[(f.pick % keys.len() as u64) as usize];
+    if f.kind == FaultKind::Revoke {
+        let _ = store.revoke(kv.lease).await;
+    } else {
+        let _ = store.delete_key(kv.key.to_vec()).await;
+    }
+}
+
+async fn drive(
+    service: Arc<dyn Service>,
+    scenario: Arc<Scenario>,
+    seed: u64,
+    faults: Vec<Fault>,
+) -> History {
+    let start = Instant::now();
+    let rec = Recorder::new(start);
+    let store = SimStore::with_config(
+        SimConfig::default()
+            .with_seed(seed)
+            .with_latency(scenario.latency)
+            .with_request_timeout(scenario.request_timeout),
+    );
+    let sink = rec.clone();
+    store.on_journal(move |at, entry| sink.record_at(at, Happening::Store(entry)));
+    let mut world = InProcess {
+        store,
+        service,
+        scenario: scenario.clone(),
+        rec: rec.clone(),
+        seed,
+        slots: Arc::default(),
+        storms: Arc::default(),
+    };
+    for n in 0..scenario.hosts {
+        let slot = world.start(n, 0, Arc::new(watch::Sender::new(false)));
+        world.slots().push(slot);
+    }
+    let mut driver = Driver::default();
+    let mut healed = false;
+    for action in actions(&faults, |_| true) {
+        if !healed && action.at >= scenario.heal_at() {
+            tokio::time::sleep_until(start + scenario.heal_at()).await;
+            driver.heal(&mut world, scenario.hosts);
+            healed = true;
+        }
+        tokio::time::sleep_until(start + action.at).await;
+        driver.apply(&mut world, &action);
+    }
+    if !healed {
+        tokio::time::sleep_until(start + scenario.heal_at()).await;
+        driver.heal(&mut world, scenario.hosts);
+    }
+    tokio::time::sleep_until(start + scenario.duration).await;
+    // The end of the run: stop every node where it stands (no more history).
+    let history = rec.take();
+    for slot in world.slots().iter_mut() {
+        slot.client.partition();
+        if let Some(t) = slot.task.take() {
+            t.abort();
+        }
+    }
+    history
+}

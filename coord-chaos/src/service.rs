@@ -1,0 +1,229 @@
+//! Your service under chaos: what a node of it runs, and what it gets from the run.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use coord_api::sync::watch;
+use coord_api::DynKvLeaseStore;
+use futures::future::BoxFuture;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::check::Invariant;
+use crate::history::{Happening, Incarnation};
+use crate::recorder::Recorder;
+use crate::scenario::Scenario;
+
+/// A service the chaos runner runs on every node: coord's own ([`CoordService`]), or yours.
+///
+/// Each node runs [`run`](Service::run) once per incarnation: a crash drops the future where
+/// it stands (its tasks with it, its connection cut), a restart runs it again as a new
+/// incarnation, a graceful stop fires [`Node::stopping`] and waits for it to return. What it
+/// believes and outputs, it records on the run's history through its [`Node`]; the runner
+/// checks that history against the generic invariants and the service's own.
+///
+/// [`CoordService`]: crate::CoordService
+pub trait Service: Send + Sync + 'static {
+    /// A short name, for reports.
+    fn name(&self) -> &str;
+
+    /// Runs one incarnation of a node, until [`Node::stopping`] fires (stop what it holds,
+    /// then return) or the future is dropped (a crash).
+    fn run(&self, node: Node) -> BoxFuture<'static, ()>;
+
+    /// What this service promises, beyond the generic invariants every run is held to.
+    fn invariants(&self, scenario: &Scenario) -> Vec<Box<dyn Invariant>> {
+        let _ = scenario;
+        Vec::new()
+    }
+}
+
+/// A request to stop one part of a node for a while (the `stop` fault kind). What a part is
+/// is the service's business: coord's nodes pick their registration, their election pool or a
+/// leadership from `pick`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartStopRequest {
+    /// A number to pick the part with.
+    pub pick: u64,
+    /// How long the part stays stopped before it starts again.
+    pub length: Duration,
+}
+
+/// What one incarnation of a node gets from the run: who it is, its connection to the store,
+/// the history to record on, and the run's signals. Cheap to clone.
+#[derive(Clone)]
+pub struct Node {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    who: Incarnation,
+    store: Arc<DynKvLeaseStore>,
+    recorder: Recorder,
+    scenario: Arc<Scenario>,
+    seed: u64,
+    paused: watch::Receiver<bool>,
+    stop: CancellationToken,
+    ready: watch::Sender<bool>,
+    part_stops: Mutex<Option<mpsc::UnboundedReceiver<PartStopRequest>>>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("who", &self.inner.who)
+            .finish()
+    }
+}
+
+/// Runs one incarnation of `service` on `node`: a panic is recorded on the history (an
+/// inconsistency, which fails the run), never lost with the task.
+pub(crate) async fn run_node(service: Arc<dyn Service>, node: Node) {
+    use futures::FutureExt;
+    let who = node.who();
+    let recorder = node.inner.recorder.clone();
+    let run = std::panic::AssertUnwindSafe(service.run(node)).catch_unwind();
+    if let Err(panic) = run.await {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".to_owned());
+        recorder.record(Happening::Inconsistent {
+            who,
+            detail: format!("the node panicked: {what}"),
+        });
+    }
+}
+
+/// The run's side of a [`Node`]: how a world signals it (its pauses come from the world's
+/// own switch, which outlives incarnations).
+pub(crate) struct NodeControl {
+    pub(crate) stop: CancellationToken,
+    pub(crate) ready: watch::Receiver<bool>,
+    pub(crate) part_stops: mpsc::UnboundedSender<PartStopRequest>,
+}
+
+impl Node {
+    /// A node and the handles a world keeps to drive it.
+    pub(crate) fn new(
+        who: Incarnation,
+        store: Arc<DynKvLeaseStore>,
+        recorder: Recorder,
+        scenario: Arc<Scenario>,
+        seed: u64,
+        paused: watch::Receiver<bool>,
+    ) -> (Node, NodeControl) {
+        let (ready, ready_rx) = watch::channel(false);
+        let (parts_tx, parts) = mpsc::unbounded_channel();
+        let stop = CancellationToken::new();
+        let node = Node {
+            inner: Arc::new(Inner {
+                who,
+                store,
+                recorder,
+                scenario,
+                seed,
+                paused,
+                stop: stop.clone(),
+                ready,
+                part_stops: Mutex::new(Some(parts)),
+            }),
+        };
+        let control = NodeControl {
+            stop,
+            ready: ready_rx,
+            part_stops: parts_tx,
+        };
+        (node, control)
+    }
+
+    /// Which node, which incarnation.
+    pub fn who(&self) -> Incarnation {
+        self.inner.who
+    }
+
+    /// This incarnation's connection to the store: faults on the node's link hit it.
+    pub fn store(&self) -> &Arc<DynKvLeaseStore> {
+        &self.inner.store
+    }
+
+    /// The scenario being run.
+    pub fn scenario(&self) -> &Scenario {
+        &self.inner.scenario
+    }
+
+    /// A seed for the node's own random choices (drawn from the run's seed, distinct per
+    /// incarnation), so that they replay too.
+    pub fn seed(&self) -> u64 {
+        self.inner.seed
+    }
+
+    /// Records something on the run's history, now.
+    pub fn record(&self, what: Happening) {
+        self.inner.recorder.record(what);
+    }
+
+    /// Records a note of the service's own (`kind`, `detail`), for its invariants.
+    pub fn note(&self, kind: impl Into<String>, detail: impl Into<String>) {
+        self.record(Happening::Note {
+            who: self.who(),
+            kind: kind.into(),
+            detail: detail.into(),
+        });
+    }
+
+    /// Records that this node now believes it leads `election` with `token` (the generic
+    /// election invariants then hold it to exclusivity, growing tokens and failover).
+    pub fn leader_start(&self, election: &str, token: i64) {
+        self.record(Happening::LeaderStart {
+            who: self.who(),
+            election: election.to_owned(),
+            token,
+        });
+    }
+
+    /// Records that this node no longer believes it leads `election` (`resigned`: it gave the
+    /// leadership up, rather than lost it). Record it before resigning: the delete may land
+    /// long before its reply comes back.
+    pub fn leader_end(&self, election: &str, token: i64, resigned: bool) {
+        self.record(Happening::LeaderEnd {
+            who: self.who(),
+            election: election.to_owned(),
+            token,
+            resigned,
+        });
+    }
+
+    /// Resolves when the node is asked to stop gracefully.
+    pub async fn stopping(&self) {
+        self.inner.stop.cancelled().await
+    }
+
+    /// Whether the node is asked to stop.
+    pub fn is_stopping(&self) -> bool {
+        self.inner.stop.is_cancelled()
+    }
+
+    /// Waits while a pause (a GC pause, the `pause` fault) stalls the node's actions: call it
+    /// between deciding to act and acting, where a real pause would hurt.
+    pub async fn unpaused(&self) {
+        let mut paused = self.inner.paused.clone();
+        let _ = paused.wait_for(|p| !*p).await;
+    }
+
+    /// Tells a rolling restart that this incarnation is up (the old one is stopped then).
+    pub fn ready(&self) {
+        self.inner.ready.send_replace(true);
+    }
+
+    /// The requests to stop one of its parts for a while (the `stop` fault kind); `None`
+    /// after the first call.
+    pub fn take_part_stops(&self) -> Option<mpsc::UnboundedReceiver<PartStopRequest>> {
+        self.inner
+            .part_stops
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+}
