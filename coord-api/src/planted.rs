@@ -29,17 +29,48 @@ pub enum Bug {
     /// A session ends only when a renewal reply says the lease is gone, never at its local
     /// deadline: a partitioned leader keeps believing it leads. Caught by S2.
     StepDownOnRenewalReply,
+    /// A session counts its deadline from when a renewal's reply came back, not from when it
+    /// was sent: a slow reply makes it trust the lease longer than the store keeps it.
+    /// Caught by S2/S3 (needs slow replies).
+    SessionDeadlineFromReply,
+    /// A fenced write is checked against the local belief instead of at the store: while the
+    /// leadership believes it leads, the write goes out without the compare, and a leader
+    /// that was paused (or cut off) after checking writes over its successor. Caught by the
+    /// fence invariant (S1).
+    FenceCheckedLocally,
+    /// `HostRegistration::stop` revokes without waiting for a heal in progress, which then
+    /// writes the key after the stop returned. Caught by L7.
+    StopSkipsTheHeal,
+    /// A registration's backoff does not start over after a heal: the next loss waits twice
+    /// as long, then four times... Caught by L1 (a lone loss healed in the first step).
+    BackoffNeverResets,
+    /// A heal writes the metadata the registration started with, not the latest. Caught by
+    /// M1.
+    HealWritesFirstMetadata,
+    /// A session treats a closed keep-alive stream as a lost lease, so a registration
+    /// re-grants (and watchers see its lease change) on every stream close. Caught by L2.
+    RegrantOnClosedStream,
+    /// The cluster watcher emits a batch's events before it publishes the view they
+    /// explain. Caught by C1 when schedules are explored.
+    WatcherEmitsBeforePublish,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 6] = [
+    pub const ALL: [Bug; 13] = [
         Bug::CampaignSkipsOwnKeyCheck,
         Bug::WatcherResumesFromNow,
         Bug::WatcherIgnoresCompaction,
         Bug::StopDeletesUnconditionally,
         Bug::RegistrationGivesUpOnLoss,
         Bug::StepDownOnRenewalReply,
+        Bug::SessionDeadlineFromReply,
+        Bug::FenceCheckedLocally,
+        Bug::StopSkipsTheHeal,
+        Bug::BackoffNeverResets,
+        Bug::HealWritesFirstMetadata,
+        Bug::RegrantOnClosedStream,
+        Bug::WatcherEmitsBeforePublish,
     ];
 
     /// A stable name for command lines and reports.
@@ -51,6 +82,13 @@ impl Bug {
             Bug::StopDeletesUnconditionally => "stop-deletes-unconditionally",
             Bug::RegistrationGivesUpOnLoss => "registration-gives-up-on-loss",
             Bug::StepDownOnRenewalReply => "step-down-on-renewal-reply",
+            Bug::SessionDeadlineFromReply => "session-deadline-from-reply",
+            Bug::FenceCheckedLocally => "fence-checked-locally",
+            Bug::StopSkipsTheHeal => "stop-skips-the-heal",
+            Bug::BackoffNeverResets => "backoff-never-resets",
+            Bug::HealWritesFirstMetadata => "heal-writes-first-metadata",
+            Bug::RegrantOnClosedStream => "regrant-on-closed-stream",
+            Bug::WatcherEmitsBeforePublish => "watcher-emits-before-publish",
         }
     }
 

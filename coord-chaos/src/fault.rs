@@ -276,6 +276,33 @@ pub fn schedule(scenario: &Scenario, rng: &mut Rng) -> Vec<Fault> {
             });
         }
     }
+    // A link that degrades before it fails: half the slow-replies faults are followed by a
+    // partition of the same node (a session that trusted a slow reply too long is caught
+    // then, when it can no longer renew).
+    if scenario.fault_kinds.contains(&FaultKind::Partition) {
+        let degrading: Vec<Fault> = faults
+            .iter()
+            .filter(|f| f.kind == FaultKind::SlowReplies)
+            .cloned()
+            .collect();
+        for f in degrading {
+            if !rng.chance(0.5) {
+                continue;
+            }
+            let at = f.at + f.length.mul_f64(0.5 + rng.below(50) as f64 / 100.0);
+            let length =
+                Duration::from_millis(rng.between(ttl_ms, ttl_ms * 2)).min(heal.saturating_sub(at));
+            if at < heal && !length.is_zero() {
+                faults.push(Fault {
+                    at,
+                    kind: FaultKind::Partition,
+                    node: f.node,
+                    length,
+                    pick: rng.next_u64(),
+                });
+            }
+        }
+    }
     faults.sort();
     faults
 }

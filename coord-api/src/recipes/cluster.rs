@@ -485,6 +485,11 @@ impl Worker {
             }
             // The view first, then the events it explains: a consumer that reads an event
             // and then the view finds the event in it.
+            if crate::planted::enabled(crate::planted::Bug::WatcherEmitsBeforePublish) {
+                for e in out.drain(..) {
+                    self.emit(e).await;
+                }
+            }
             self.publish();
             for e in out {
                 self.emit(e).await;

@@ -146,7 +146,12 @@ struct Shared {
 impl Shared {
     /// Writes the key under `lease`; returns its create and mod revisions.
     async fn put(&self, lease: LeaseId) -> Result<(i64, i64)> {
-        let metadata = self.writes.lock().await;
+        let latest = self.writes.lock().await;
+        let metadata = if crate::planted::enabled(crate::planted::Bug::HealWritesFirstMetadata) {
+            &self.config.metadata
+        } else {
+            &*latest
+        };
         let req = PutRequest::new(self.config.key.clone(), metadata.to_vec())
             .with_lease(lease)
             .with_prev_kv();
@@ -309,7 +314,9 @@ impl HostRegistration {
         self.cancel.cancel();
         // Wait for the loop: after this, nothing can publish a new lease or write the key.
         if let Some(task) = self.task.take() {
-            let _ = task.await;
+            if !crate::planted::enabled(crate::planted::Bug::StopSkipsTheHeal) {
+                let _ = task.await;
+            }
         }
         let shared = &self.shared;
         shared.status.send_replace(RegistrationStatus::Stopped);
@@ -452,7 +459,9 @@ async fn run(shared: Arc<Shared>, first: Held, cancel: CancellationToken) {
                 ),
             }
         };
-        backoff.reset();
+        if !crate::planted::enabled(crate::planted::Bug::BackoffNeverResets) {
+            backoff.reset();
+        }
         if end == SessionEnd::Expired {
             shared.release(lost);
         }

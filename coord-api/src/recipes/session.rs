@@ -751,8 +751,14 @@ impl Renewer {
         match result {
             Ok(ttl) => {
                 let now = Instant::now();
+                let from = if crate::planted::enabled(crate::planted::Bug::SessionDeadlineFromReply)
+                {
+                    now
+                } else {
+                    sent
+                };
                 self.inner.state.send_modify(|s| {
-                    s.deadline = s.deadline.max(sent + ttl);
+                    s.deadline = s.deadline.max(from + ttl);
                     s.last_renewal = Some(now);
                 });
                 tracing::trace!(ttl_ms = ttl.as_millis() as u64, "renewed");
@@ -761,6 +767,12 @@ impl Renewer {
             }
             Err(e @ Error::LeaseNotFound { .. }) => {
                 tracing::warn!("session lost: the store reports the lease gone");
+                self.inner.end(SessionEnd::LeaseLost);
+                Attempt::Ended(Some(e))
+            }
+            Err(e @ Error::StreamClosed { .. })
+                if crate::planted::enabled(crate::planted::Bug::RegrantOnClosedStream) =>
+            {
                 self.inner.end(SessionEnd::LeaseLost);
                 Attempt::Ended(Some(e))
             }

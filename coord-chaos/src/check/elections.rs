@@ -262,6 +262,23 @@ pub(super) fn s3_no_phantom_leadership(run: &Run<'_>, out: &mut Vec<Violation>) 
             .iter()
             .find(|d| d.create_revision == l.token && d.key.starts_with(&p));
         if let Some(d) = deleted {
+            // Deleted by its lease's expiry: the belief ended before. The local deadline (send
+            // time of the last acknowledged renewal + TTL) cannot be later than the store's
+            // expiry (receipt of the last renewal + TTL), whatever the network did.
+            if d.origin == coord_sim::journal::Origin::Expiry && l.until > d.at {
+                out.push(run.violation(
+                    "S3",
+                    d.at,
+                    &[l.who],
+                    format!(
+                        "election {}: believed it led (token {}) {:.3}s past its lease's expiry at the store",
+                        l.election,
+                        l.token,
+                        (l.until - d.at).as_secs_f64()
+                    ),
+                ));
+                continue;
+            }
             let disturbed: Vec<FaultKind> = FaultKind::ALL
                 .into_iter()
                 .filter(|k| k.disturbs_link())
