@@ -101,6 +101,10 @@ impl Fixture for EtcdFixture {
         SLACK
     }
 
+    fn request_timeout(&self) -> Duration {
+        EtcdConfig::new(["unused:1"]).request_timeout()
+    }
+
     async fn slow_store(&self) -> Arc<DynKvLeaseStore> {
         let (store, proxy) = self.proxied().await;
         proxy.delay(Duration::from_millis(5));

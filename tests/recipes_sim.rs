@@ -55,6 +55,10 @@ impl Fixture for SimFixture {
         Duration::ZERO
     }
 
+    fn request_timeout(&self) -> Duration {
+        self.sim.config().request_timeout
+    }
+
     async fn slow_store(&self) -> Arc<DynKvLeaseStore> {
         // A client of the same store (so the rest of the world sees what it writes) whose
         // every call takes 5 ms.

@@ -101,7 +101,7 @@ mod timeline;
 #[cfg(feature = "turmoil")]
 mod turmoil_world;
 
-pub use check::{check, generic, Commit, FencedWrites, Invariant, Run, Violation};
+pub use check::{check, generic, Believed, Commit, FencedWrites, Invariant, Run, Violation};
 pub use coord_node::{election_name, host_key, work_key, CoordService, HOSTS};
 pub use fault::{schedule, Fault, FaultKind};
 pub use history::{Emitted, Happening, History, Incarnation, Outcome, Part, Record};

@@ -162,6 +162,24 @@ impl EtcdConfig {
         self
     }
 
+    /// The endpoints.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// How long one call may take, retries included (default 5 s). Keep it well below the
+    /// TTL of the leases the store keeps: a session abandons a renewal unanswered by the next
+    /// one's time on its own, but other calls wait this long for an answer that may never
+    /// come.
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// How long to wait for a connection to one endpoint (default 2 s).
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
     /// Checks the configuration without connecting.
     pub(crate) fn validate(&self) -> Result<()> {
         if self.endpoints.is_empty() {

@@ -107,6 +107,25 @@ impl SimConfig {
 
 type Sender = mpsc::UnboundedSender<Result<WatchResponse>>;
 
+/// What a call does at the store, which decides its fate when its caller stops waiting and
+/// when its reply is lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Call {
+    /// Changes nothing: dropped with its caller.
+    Read,
+    /// A write: goes on without its caller; may lose its reply to `lose_replies`.
+    Write,
+    /// A lease renewal: goes on without its caller.
+    Renew,
+}
+
+/// Where a request got to.
+enum Delivery<T> {
+    Applied(Result<T>),
+    Lost,
+    Refused(coord_api::Error),
+}
+
 /// Receives the store's journal (see [`SimStore::on_journal`]).
 struct JournalSink(Box<dyn Fn(Instant, Entry) + Send + Sync>);
 
@@ -371,32 +390,41 @@ impl SimStore {
     /// One call over this client's link: the request's way to the store, `apply` there if
     /// it arrived, and the reply's way back. A request or reply that vanishes (a partition,
     /// a lost reply) fails the call once the request timeout, counted from the send, has
-    /// passed: a read with `Unavailable`, a write with `Indeterminate` (it may have applied).
-    async fn call<T>(
+    /// passed: a read or a renewal with `Unavailable`, a write with `Indeterminate` (it may
+    /// have applied). A write or a renewal goes on to the store if its caller stops waiting
+    /// for it, as a request already on the wire does.
+    async fn call<T: Send + 'static>(
         &self,
         operation: &'static str,
-        write: bool,
-        apply: impl FnOnce(&Self) -> Result<T>,
+        kind: Call,
+        apply: impl FnOnce(&SimStore) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         let sent = Instant::now();
-        let base = self.shared.config.latency;
-        if self.link.request(base).await == Leg::Delivered {
-            if self.is_down() {
-                return Err(coord_api::Error::Unavailable {
-                    backend: "sim",
-                    operation,
-                    source: "the simulated store is down (connection refused)".into(),
-                });
+        let arrived = if kind == Call::Read {
+            self.deliver(operation, apply).await
+        } else {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let this = self.clone();
+            tokio::spawn(async move {
+                let _ = tx.send(this.deliver(operation, apply).await);
+            });
+            rx.await.unwrap_or(Delivery::Lost)
+        };
+        match arrived {
+            Delivery::Refused(e) => return Err(e),
+            Delivery::Applied(result) => {
+                // Between the store applying a request and its caller learning of it, let
+                // other tasks run when a simulation explores schedules.
+                coord_api::sync::explore::point().await;
+                let base = self.shared.config.latency;
+                if self.link.reply(base, kind == Call::Write).await == Leg::Delivered {
+                    return result;
+                }
             }
-            let result = apply(self);
-            // Between the store applying a request and its caller learning of it, let other
-            // tasks run when a simulation explores schedules.
-            coord_api::sync::explore::point().await;
-            if self.link.reply(base, write).await == Leg::Delivered {
-                return result;
-            }
+            Delivery::Lost => {}
         }
         tokio::time::sleep_until(sent + self.shared.config.request_timeout).await;
+        let write = kind == Call::Write;
         let source = format!(
             "no reply within {:?} (the simulated link lost the {})",
             self.shared.config.request_timeout,
@@ -420,6 +448,25 @@ impl SimStore {
                 source,
             }
         })
+    }
+
+    /// A request's way to the store, and its application there if it arrives.
+    async fn deliver<T>(
+        &self,
+        operation: &'static str,
+        apply: impl FnOnce(&SimStore) -> Result<T>,
+    ) -> Delivery<T> {
+        if self.link.request(self.shared.config.latency).await == Leg::Lost {
+            return Delivery::Lost;
+        }
+        if self.is_down() {
+            return Delivery::Refused(coord_api::Error::Unavailable {
+                backend: "sim",
+                operation,
+                source: "the simulated store is down (connection refused)".into(),
+            });
+        }
+        Delivery::Applied(apply(self))
     }
 
     /// Fault: partitions this client from the store, both ways, until [`repair`]: requests
@@ -609,32 +656,40 @@ impl KvLeaseStore for SimStore {
 
     async fn get(&self, req: GetRequest) -> Result<GetResponse> {
         validate::get(&req)?;
-        self.call("get", false, |c| c.apply(|s, now| s.get(now, &req)))
-            .await
+        self.call("get", Call::Read, move |c| {
+            c.apply(|s, now| s.get(now, &req))
+        })
+        .await
     }
 
     async fn put(&self, req: PutRequest) -> Result<PutResponse> {
         validate::put(&req, self.limits_ref())?;
-        self.call("put", true, |c| c.apply(|s, now| s.put(now, &req)))
-            .await
+        self.call("put", Call::Write, move |c| {
+            c.apply(|s, now| s.put(now, &req))
+        })
+        .await
     }
 
     async fn delete(&self, req: DeleteRequest) -> Result<DeleteResponse> {
         validate::delete(&req)?;
-        self.call("delete", true, |c| c.apply(|s, now| s.delete(now, &req)))
-            .await
+        self.call("delete", Call::Write, move |c| {
+            c.apply(|s, now| s.delete(now, &req))
+        })
+        .await
     }
 
     async fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
         validate::txn(&req, self.limits_ref())?;
-        self.call("txn", true, |c| c.apply(|s, now| s.txn(now, &req)))
-            .await
+        self.call("txn", Call::Write, move |c| {
+            c.apply(|s, now| s.txn(now, &req))
+        })
+        .await
     }
 
     async fn grant(&self, ttl: Duration) -> Result<LeaseGrant> {
         validate::ttl(ttl, self.limits_ref())?;
         let ttl = validate::granted_ttl(ttl, self.limits_ref());
-        self.call("grant", true, |c| {
+        self.call("grant", Call::Write, move |c| {
             let grant = c.apply(|s, now| s.grant(now, ttl));
             c.shared.deadlines_changed.notify_one();
             Ok(grant)
@@ -643,12 +698,14 @@ impl KvLeaseStore for SimStore {
     }
 
     async fn revoke(&self, lease: LeaseId) -> Result<i64> {
-        self.call("revoke", true, |c| c.apply(|s, now| s.revoke(now, lease)))
-            .await
+        self.call("revoke", Call::Write, move |c| {
+            c.apply(|s, now| s.revoke(now, lease))
+        })
+        .await
     }
 
     async fn time_to_live(&self, lease: LeaseId) -> Result<LeaseTimeToLive> {
-        self.call("time-to-live", false, |c| {
+        self.call("time-to-live", Call::Read, move |c| {
             c.apply(|s, now| s.time_to_live(now, lease))
         })
         .await
@@ -666,7 +723,7 @@ impl KvLeaseStore for SimStore {
     async fn watch(&self, req: WatchRequest) -> Result<WatchStream> {
         validate::watch(&req)?;
         // A confirmation that never comes back drops the stream, which cancels the watch.
-        self.call("watch", false, |c| {
+        self.call("watch", Call::Read, move |c| {
             let generation = c.link.state().generation;
             let (tx, rx) = mpsc::unbounded_channel();
             let id = {
@@ -692,7 +749,7 @@ impl KvLeaseStore for SimStore {
     }
 
     async fn compact(&self, revision: i64) -> Result<()> {
-        self.call("compact", true, |c| {
+        self.call("compact", Call::Write, move |c| {
             c.apply(|s, now| s.compact(now, revision))
         })
         .await
@@ -849,7 +906,7 @@ impl KeepAlive for SimKeepAlive {
         }
         let lease = self.lease;
         self.client
-            .call("keep-alive", false, |c| {
+            .call("keep-alive", Call::Renew, move |c| {
                 let (r, earlier) = c.apply(|s, now| {
                     let before = s.next_deadline();
                     let r = s.renew(now, lease);

@@ -380,7 +380,9 @@ fn assert_view_holds(e: &ClusterEvent, seen: &coord_api::recipes::ClusterView) {
     );
 }
 
-/// Reads events until the applied view equals the store's, within a bound.
+/// Reads events until the applied view equals the store's, within a bound: a few round
+/// trips, plus a request timeout (a watcher that resumed into a partition waits out the
+/// request it sent there before it retries).
 async fn converge(
     fx: &dyn Fixture,
     w: &mut ClusterWatcher,
@@ -389,13 +391,17 @@ async fn converge(
     prefix: &str,
 ) {
     let want = truth(store, prefix).await;
-    within(prompt(fx) * 5, "the watcher to converge", async {
-        while *view != want {
-            let e = w.next().await.expect("watcher running");
-            apply(view, &e);
-            assert_view_holds(&e, &w.view());
-        }
-    })
+    within(
+        prompt(fx) * 5 + fx.request_timeout(),
+        "the watcher to converge",
+        async {
+            while *view != want {
+                let e = w.next().await.expect("watcher running");
+                apply(view, &e);
+                assert_view_holds(&e, &w.view());
+            }
+        },
+    )
     .await;
     assert_eq!(w.view().hosts, want, "the readable view agrees");
 }
@@ -569,13 +575,17 @@ pub(crate) async fn watcher_view_already_holds_each_event_of_a_relist(fx: &dyn F
     store.compact(rev).await.unwrap();
     client.cut_off(false);
     let want = truth(&store, "r/").await;
-    within(prompt(fx) * 5, "the re-list's events", async {
-        while view != want {
-            let e = w.next().await.expect("watcher running");
-            apply(&mut view, &e);
-            assert_view_holds(&e, &w.view());
-        }
-    })
+    within(
+        prompt(fx) * 5 + fx.request_timeout(),
+        "the re-list's events",
+        async {
+            while view != want {
+                let e = w.next().await.expect("watcher running");
+                apply(&mut view, &e);
+                assert_view_holds(&e, &w.view());
+            }
+        },
+    )
     .await;
 }
 

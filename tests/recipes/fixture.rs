@@ -55,6 +55,9 @@ pub(crate) trait Fixture: Send + Sync {
     async fn client(&self) -> Client;
     /// The TTL recipes use here.
     fn ttl(&self) -> Duration;
+    /// How long a client waits for a reply before a call fails (a request lost in a
+    /// partition is retried only then).
+    fn request_timeout(&self) -> Duration;
     /// How late the backend may be against exact timing: 0 in virtual time; etcd's 500 ms
     /// expiry tick plus scheduling on a loaded machine on real etcd.
     fn slack(&self) -> Duration;

@@ -157,6 +157,32 @@ impl<'a> Run<'a> {
         self.truth.leader_at(election, revision)
     }
 
+    /// Every leadership a node believed in, in `election`: who, its token, from when, until
+    /// when (a crash ends it; a belief still held at the end lasts to the end).
+    pub fn leaderships(&self, election: &str) -> Vec<Believed> {
+        self.beliefs
+            .leading
+            .iter()
+            .filter(|l| l.election == election)
+            .map(|l| Believed {
+                who: l.who,
+                token: l.token,
+                from: l.from,
+                until: l.until,
+            })
+            .collect()
+    }
+
+    /// Every fault of the run, with when it started and ended (instant faults end when they
+    /// start).
+    pub fn faults(&self) -> Vec<(crate::fault::Fault, Duration, Duration)> {
+        self.beliefs
+            .faults
+            .iter()
+            .map(|f| (f.fault.clone(), f.from, f.until))
+            .collect()
+    }
+
     /// Slack for one message: the base latency each way plus the largest injected latency.
     pub fn rtt(&self) -> Duration {
         self.scenario.rtt() + Duration::from_millis(800)
@@ -177,6 +203,19 @@ impl<'a> Run<'a> {
             detail,
         }
     }
+}
+
+/// A leadership as a node believed in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Believed {
+    /// Who believed it.
+    pub who: Incarnation,
+    /// The fencing token.
+    pub token: i64,
+    /// When the belief began.
+    pub from: Duration,
+    /// When it ended.
+    pub until: Duration,
 }
 
 /// A fixed-name invariant made of a function, for the built-in ones.
