@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use coord_api::{
     Compare, CompareOp, DeleteRequest, Error, Event, EventKind, GetRequest, KeyRange, KeyValue,
-    KvLeaseStore, KvLeaseStoreExt, LeaseId, PutRequest, TxnOp, TxnOpResponse, TxnRequest,
+    KvLeaseStore, KvLeaseStoreExt, LeaseId, PutRequest, Revision, TxnOp, TxnOpResponse, TxnRequest,
     WatchRequest, WatchStream,
 };
 use coord_etcd::testing::EtcdCluster;
@@ -232,11 +232,12 @@ struct Exec<'a> {
     leases: Vec<LeaseId>,
     watches: Vec<(Target, WatchStream)>,
     /// Revisions (absolute) this side compacted at.
-    compactions: Vec<i64>,
+    compactions: Vec<Revision>,
 }
 
 impl Exec<'_> {
-    fn norm(&self, rev: i64) -> i64 {
+    fn norm(&self, rev: impl Into<i64>) -> i64 {
+        let rev: i64 = rev.into();
         if rev == 0 {
             0
         } else {
@@ -244,17 +245,17 @@ impl Exec<'_> {
         }
     }
 
-    fn abs(&self, sel: Rev) -> i64 {
+    fn abs(&self, sel: Rev) -> Revision {
         let r = match sel {
             Rev::Latest => self.latest,
             Rev::Back(n) => self.latest - i64::from(n),
             Rev::Ahead(n) => self.latest + i64::from(n),
         };
-        r.max(self.base)
+        Revision(r.max(self.base))
     }
 
-    fn seen(&mut self, rev: i64) {
-        self.latest = self.latest.max(rev);
+    fn seen(&mut self, rev: impl Into<i64>) {
+        self.latest = self.latest.max(rev.into());
     }
 
     fn key(&self, i: u8) -> String {
@@ -639,8 +640,8 @@ async fn run_sequence(store: &dyn KvLeaseStore, prefix: String, ops: &[Op]) -> V
     let mut exec = Exec {
         store,
         prefix,
-        base,
-        latest: base,
+        base: base.get(),
+        latest: base.get(),
         leases: Vec::new(),
         watches: Vec::new(),
         compactions: Vec::new(),

@@ -15,7 +15,7 @@ use coord_api::recipes::{
     RegistrationConfig, RegistrationStatus, Session, SessionConfig,
 };
 use coord_api::testkit::{eventually, within};
-use coord_api::{DeleteRequest, DynKvLeaseStore, KvLeaseStore, KvLeaseStoreExt};
+use coord_api::{DeleteRequest, DynKvLeaseStore, KvLeaseStore, KvLeaseStoreExt, Revision};
 use coord_etcd::testing::{EtcdCluster, TcpProxy};
 use coord_etcd::{EtcdConfig, EtcdStore};
 use tokio::task::JoinHandle;
@@ -92,7 +92,7 @@ impl Seen {
     }
 
     /// Whether the watcher emitted `host` up at `revision` or later.
-    fn up_since(&self, host: &str, revision: i64) -> bool {
+    fn up_since(&self, host: &str, revision: Revision) -> bool {
         self.0.lock().unwrap().iter().any(|(_, e)| {
             matches!(e, ClusterEvent::HostUp { host: h, revision: r, .. } if h == host && *r >= revision)
         })
@@ -126,7 +126,7 @@ async fn observe(store: &Arc<DynKvLeaseStore>) -> (Seen, JoinHandle<()>) {
 }
 
 /// One leadership: who, its token, from when, until when (`None` while it lasts).
-type Belief = (String, i64, Instant, Option<Instant>);
+type Belief = (String, Revision, Instant, Option<Instant>);
 
 /// Leadership beliefs of one election, as each candidate held them.
 #[derive(Clone, Default)]
@@ -180,7 +180,7 @@ impl Leaders {
         }
     }
 
-    fn current(&self) -> Option<(String, i64)> {
+    fn current(&self) -> Option<(String, Revision)> {
         self.0
             .lock()
             .unwrap()

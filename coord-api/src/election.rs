@@ -20,7 +20,7 @@ use crate::request::{
     Compare, CompareOp, DeleteRequest, GetRequest, PutRequest, TxnRequest, WatchRequest,
 };
 use crate::store::{DynKvLeaseStore, KvLeaseStore, LeaderStream};
-use crate::types::{EventKind, KeyValue, LeaseId};
+use crate::types::{EventKind, KeyValue, LeaseId, Revision};
 use crate::validate;
 
 /// A candidate's key in an election: what [`KvLeaseStore::campaign`] returns, and what
@@ -32,7 +32,7 @@ pub struct LeaderKey {
     /// The candidate key, `name/<lease hex>`.
     pub key: Bytes,
     /// The key's create revision: a fencing token that only grows from one leader to the next.
-    pub revision: i64,
+    pub token: Revision,
     /// The lease the key lives under.
     pub lease: LeaseId,
 }
@@ -41,7 +41,7 @@ impl LeaderKey {
     /// A compare that holds only while this key still stands as created. Put it in a
     /// transaction to make a write conditional on still being this candidate.
     pub fn is_current(&self) -> Compare {
-        Compare::create_revision(self.key.to_vec(), CompareOp::Equal, self.revision)
+        Compare::create_revision(self.key.to_vec(), CompareOp::Equal, self.token)
     }
 }
 
@@ -87,7 +87,7 @@ pub(crate) async fn campaign_with<S: KvLeaseStore + ?Sized>(
         name: name.to_owned(),
         key: Bytes::from(key.clone()),
         // Unknown until the transaction answers; the guard then deletes by lease.
-        revision: 0,
+        token: Revision::ZERO,
         lease,
     };
     // Armed before the write: a reply lost in flight (Indeterminate) or a cancellation while
@@ -111,7 +111,7 @@ pub(crate) async fn campaign_with<S: KvLeaseStore + ?Sized>(
             return Err(e);
         }
     };
-    leader.revision = resp.revision;
+    leader.token = resp.revision;
     if !resp.succeeded {
         // Our key already exists (this lease campaigned before): rejoin at its place.
         let existing = resp
@@ -121,7 +121,7 @@ pub(crate) async fn campaign_with<S: KvLeaseStore + ?Sized>(
             .and_then(|g| g.kvs.first());
         match existing {
             Some(kv) => {
-                leader.revision = kv.create_revision;
+                leader.token = kv.create_revision;
                 if kv.value != value {
                     proclaim(store, &leader, value).await?;
                 }
@@ -133,11 +133,11 @@ pub(crate) async fn campaign_with<S: KvLeaseStore + ?Sized>(
     }
 
     guard.leader = leader.clone();
-    tracing::debug!(election = name, key = %String::from_utf8_lossy(&leader.key), revision = leader.revision, "campaign queued");
+    tracing::debug!(election = name, key = %String::from_utf8_lossy(&leader.key), token = %leader.token, "campaign queued");
     match wait_for_turn(store, &leader).await {
         Ok(()) => {
             guard.disarm();
-            tracing::debug!(election = name, revision = leader.revision, "campaign won");
+            tracing::debug!(election = name, token = %leader.token, "campaign won");
             Ok(leader)
         }
         // The guard deletes the key on the way out: a failed campaign leaves nothing queued.
@@ -176,14 +176,14 @@ async fn wait_for_turn<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) 
         backoff.reset();
         crate::sync::explore::point().await;
         let own = snapshot.kvs.iter().find(|kv| kv.key == leader.key);
-        if own.map(|kv| kv.create_revision) != Some(leader.revision) && (first || !skip_own_check) {
+        if own.map(|kv| kv.create_revision) != Some(leader.token) && (first || !skip_own_check) {
             return Err(lost(leader));
         }
         first = false;
         let predecessor = snapshot
             .kvs
             .iter()
-            .filter(|kv| kv.create_revision < leader.revision)
+            .filter(|kv| kv.create_revision < leader.token)
             .max_by_key(|kv| kv.create_revision);
         let Some(predecessor) = predecessor else {
             // One consistent read saw our key, as we created it, with nobody before it.
@@ -206,7 +206,7 @@ async fn wait_for_turn<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) 
         // When the predecessor goes, the snapshot (not the watch) decides what comes next.
         tokio::select! {
             biased;
-            _ = ours.until_gone(|kv| kv.create_revision == leader.revision), if !skip_own_check => {
+            _ = ours.until_gone(|kv| kv.create_revision == leader.token), if !skip_own_check => {
                 return Err(lost(leader));
             }
             _ = theirs.until_gone(|kv| kv.create_revision == theirs_created) => {}
@@ -275,7 +275,7 @@ pub(crate) async fn withdraw<S: KvLeaseStore + ?Sized>(
     store: &S,
     leader: &LeaderKey,
 ) -> Result<()> {
-    if leader.revision != 0 {
+    if !leader.token.is_zero() {
         return resign(store, leader).await;
     }
     store
@@ -343,7 +343,7 @@ pub(crate) fn observe(store: Arc<DynKvLeaseStore>, name: &str) -> Result<LeaderS
         let mut backoff = retry::store_backoff(retry::seed(&[prefix.as_bytes()]));
         // (key, mod revision) of the last leader reported, so a re-read after a broken
         // watch does not report the same leader twice.
-        let mut last: Option<(Bytes, i64)> = None;
+        let mut last: Option<(Bytes, Revision)> = None;
         loop {
             let snapshot = match store.get(GetRequest::prefix(prefix.clone())).await {
                 Ok(s) => s,

@@ -15,7 +15,7 @@
 //! `Display` is one lowercase line without the source's text; the chain is available through
 //! [`std::error::Error::source`], so a subscriber can walk it without printing it twice.
 
-use crate::types::LeaseId;
+use crate::types::{LeaseId, Revision};
 
 /// A boxed error used as the source of backend failures.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -46,18 +46,18 @@ pub enum Error {
     #[error("revision {requested} has been compacted (history starts at {compact_revision})")]
     Compacted {
         /// The revision that was asked for.
-        requested: i64,
+        requested: Revision,
         /// The compaction point: the oldest revision still readable or watchable.
-        compact_revision: i64,
+        compact_revision: Revision,
     },
 
     /// The revision asked for has not been written yet.
     #[error("revision {requested} is in the future (current revision is {current})")]
     FutureRevision {
         /// The revision that was asked for.
-        requested: i64,
+        requested: Revision,
         /// The store's revision when the request was served.
-        current: i64,
+        current: Revision,
     },
 
     /// The election has no candidate, so no leader.
@@ -98,7 +98,7 @@ pub enum Error {
         /// The election's name.
         election: String,
         /// The token the write carried.
-        token: i64,
+        token: Revision,
     },
 
     /// The caller gave up: the operation was cancelled or its deadline passed.
@@ -253,15 +253,15 @@ mod tests {
             ),
             (
                 Error::Compacted {
-                    requested: 1,
-                    compact_revision: 5,
+                    requested: Revision(1),
+                    compact_revision: Revision(5),
                 },
                 ErrorClass::Compacted,
             ),
             (
                 Error::FutureRevision {
-                    requested: 9,
-                    current: 5,
+                    requested: Revision(9),
+                    current: Revision(5),
                 },
                 ErrorClass::Rejected,
             ),

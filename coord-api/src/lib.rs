@@ -14,8 +14,8 @@
 //! async fn lead(store: Arc<DynKvLeaseStore>) -> Result<()> {
 //!     let lease = store.grant(Duration::from_secs(10)).await?;
 //!     let leader = store.campaign("jobs/scheduler", Bytes::from("node-a"), lease.id).await?;
-//!     // `leader.revision` is a fencing token: it grows with every new leader.
-//!     println!("leading with token {}", leader.revision);
+//!     // `leader.token` (the key's create revision) grows with every new leader.
+//!     println!("leading with token {}", leader.token);
 //!     store.resign(&leader).await
 //! }
 //! ```
@@ -81,7 +81,7 @@ pub use request::{
 pub use store::{
     DynKvLeaseStore, KeepAlive, KvLeaseStore, KvLeaseStoreExt, LeaderStream, WatchStream,
 };
-pub use types::{Event, EventKind, KeyRange, KeyValue, LeaseId, Limits};
+pub use types::{Event, EventKind, KeyRange, KeyValue, LeaseId, Limits, Revision};
 
 // Re-exported so backends and users name the same versions.
 pub use async_trait::async_trait;

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::types::{Event, KeyRange, KeyValue, LeaseId};
+use crate::types::{Event, KeyRange, KeyValue, LeaseId, Revision};
 
 /// Read one key or a prefix, at the latest or a past revision.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,7 +22,7 @@ pub struct GetRequest {
     /// The keys to read.
     pub range: KeyRange,
     /// Read at this revision instead of the latest; it must not be compacted or in the future.
-    pub revision: Option<i64>,
+    pub revision: Option<Revision>,
     /// Return at most this many keys (in key order); `count` still counts them all.
     pub limit: Option<u64>,
 }
@@ -48,8 +48,8 @@ impl GetRequest {
     }
 
     /// Read at a past revision.
-    pub fn with_revision(mut self, revision: i64) -> Self {
-        self.revision = Some(revision);
+    pub fn with_revision(mut self, revision: impl Into<Revision>) -> Self {
+        self.revision = Some(revision.into());
         self
     }
 
@@ -65,7 +65,7 @@ impl GetRequest {
 pub struct GetResponse {
     /// The store's revision when it served the read (the latest, even for a read at a past
     /// revision, as etcd reports it).
-    pub revision: i64,
+    pub revision: Revision,
     /// The keys found, in key order, at most `limit` of them.
     pub kvs: Vec<KeyValue>,
     /// How many keys the range holds, regardless of `limit`.
@@ -115,7 +115,7 @@ impl PutRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PutResponse {
     /// The revision of this write.
-    pub revision: i64,
+    pub revision: Revision,
     /// The key before the write, if asked for and it existed.
     pub prev_kv: Option<KeyValue>,
 }
@@ -159,7 +159,7 @@ impl DeleteRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DeleteResponse {
     /// The revision of this delete; the unchanged current revision when nothing was deleted.
-    pub revision: i64,
+    pub revision: Revision,
     /// How many keys were deleted.
     pub deleted: u64,
     /// The deleted keys, if asked for.
@@ -186,10 +186,10 @@ pub enum CompareTarget {
     Value(Bytes),
     /// The version; a missing key has version 0.
     Version(i64),
-    /// The create revision; a missing key has 0.
-    CreateRevision(i64),
-    /// The mod revision; a missing key has 0.
-    ModRevision(i64),
+    /// The create revision; a missing key has [`Revision::ZERO`].
+    CreateRevision(Revision),
+    /// The mod revision; a missing key has [`Revision::ZERO`].
+    ModRevision(Revision),
     /// The attached lease; a missing or detached key has [`LeaseId::NONE`].
     Lease(LeaseId),
 }
@@ -236,13 +236,21 @@ impl Compare {
     }
 
     /// Compare the key's create revision (0 when missing).
-    pub fn create_revision(key: impl Into<Vec<u8>>, op: CompareOp, revision: i64) -> Self {
-        Self::new(key, op, CompareTarget::CreateRevision(revision))
+    pub fn create_revision(
+        key: impl Into<Vec<u8>>,
+        op: CompareOp,
+        revision: impl Into<Revision>,
+    ) -> Self {
+        Self::new(key, op, CompareTarget::CreateRevision(revision.into()))
     }
 
     /// Compare the key's mod revision (0 when missing).
-    pub fn mod_revision(key: impl Into<Vec<u8>>, op: CompareOp, revision: i64) -> Self {
-        Self::new(key, op, CompareTarget::ModRevision(revision))
+    pub fn mod_revision(
+        key: impl Into<Vec<u8>>,
+        op: CompareOp,
+        revision: impl Into<Revision>,
+    ) -> Self {
+        Self::new(key, op, CompareTarget::ModRevision(revision.into()))
     }
 
     /// Compare the key's lease ([`LeaseId::NONE`] when missing or detached).
@@ -342,7 +350,7 @@ impl TxnOpResponse {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TxnResponse {
     /// The store revision after the transaction (unchanged when it wrote nothing).
-    pub revision: i64,
+    pub revision: Revision,
     /// Whether every compare held (so `success` ran).
     pub succeeded: bool,
     /// One response per operation of the branch that ran, in order.
@@ -379,7 +387,7 @@ pub struct WatchRequest {
     pub range: KeyRange,
     /// The first revision to deliver. `None` starts after the current revision. A revision
     /// older than the compaction point ends the stream with [`Error::Compacted`](crate::Error::Compacted).
-    pub start_revision: Option<i64>,
+    pub start_revision: Option<Revision>,
     /// Attach each event's previous value.
     pub prev_kv: bool,
     /// Send an empty [`WatchResponse`] (a progress notification) when the watch has been idle
@@ -409,8 +417,8 @@ impl WatchRequest {
     }
 
     /// Start at this revision (inclusive).
-    pub fn with_start_revision(mut self, revision: i64) -> Self {
-        self.start_revision = Some(revision);
+    pub fn with_start_revision(mut self, revision: impl Into<Revision>) -> Self {
+        self.start_revision = Some(revision.into());
         self
     }
 
@@ -432,7 +440,7 @@ impl WatchRequest {
 pub struct WatchResponse {
     /// The store's revision when the batch was sent. For a progress notification: every event
     /// up to this revision has been delivered.
-    pub revision: i64,
+    pub revision: Revision,
     /// The events; empty for a progress notification.
     pub events: Vec<Event>,
 }

@@ -14,7 +14,7 @@ use crate::request::{
     DeleteRequest, DeleteResponse, GetRequest, GetResponse, LeaseGrant, LeaseTimeToLive,
     PutRequest, PutResponse, TxnRequest, TxnResponse, WatchRequest, WatchResponse,
 };
-use crate::types::{KeyValue, LeaseId, Limits};
+use crate::types::{KeyValue, LeaseId, Limits, Revision};
 
 /// A stream of watch batches; see [`KvLeaseStore::watch`].
 pub type WatchStream = BoxStream<'static, Result<WatchResponse>>;
@@ -129,7 +129,7 @@ pub trait KvLeaseStore: fmt::Debug + Send + Sync + 'static {
     ///
     /// # Errors
     /// [`LeaseNotFound`](crate::Error::LeaseNotFound) when it is already gone.
-    async fn revoke(&self, lease: LeaseId) -> Result<i64>;
+    async fn revoke(&self, lease: LeaseId) -> Result<Revision>;
 
     /// Reports a lease's remaining time and keys.
     ///
@@ -170,7 +170,7 @@ pub trait KvLeaseStore: fmt::Debug + Send + Sync + 'static {
     /// [`Compacted`](crate::Error::Compacted) when `revision` is at or below the compaction
     /// point already; [`FutureRevision`](crate::Error::FutureRevision) when it is above the
     /// current revision.
-    async fn compact(&self, revision: i64) -> Result<()>;
+    async fn compact(&self, revision: Revision) -> Result<()>;
 
     /// Campaigns in election `name` with `value`, under `lease`, and returns once this
     /// candidate leads.
@@ -276,7 +276,7 @@ macro_rules! forward_impl {
             async fn grant(&self, ttl: Duration) -> Result<LeaseGrant> {
                 (**self).grant(ttl).await
             }
-            async fn revoke(&self, lease: LeaseId) -> Result<i64> {
+            async fn revoke(&self, lease: LeaseId) -> Result<Revision> {
                 (**self).revoke(lease).await
             }
             async fn time_to_live(&self, lease: LeaseId) -> Result<LeaseTimeToLive> {
@@ -288,7 +288,7 @@ macro_rules! forward_impl {
             async fn watch(&self, req: WatchRequest) -> Result<WatchStream> {
                 (**self).watch(req).await
             }
-            async fn compact(&self, revision: i64) -> Result<()> {
+            async fn compact(&self, revision: Revision) -> Result<()> {
                 (**self).compact(revision).await
             }
             async fn campaign(
@@ -337,7 +337,7 @@ pub trait KvLeaseStoreExt: KvLeaseStore {
         &self,
         key: impl Into<Vec<u8>> + Send,
         value: impl Into<Vec<u8>> + Send,
-    ) -> Result<i64> {
+    ) -> Result<Revision> {
         Ok(self.put(PutRequest::new(key, value)).await?.revision)
     }
 
@@ -347,7 +347,7 @@ pub trait KvLeaseStoreExt: KvLeaseStore {
     }
 
     /// The store's current revision.
-    async fn current_revision(&self) -> Result<i64> {
+    async fn current_revision(&self) -> Result<Revision> {
         // Any read reports the current revision; a one-byte key that nobody is expected to
         // use keeps the response empty.
         Ok(self.get(GetRequest::key(vec![0u8])).await?.revision)

@@ -26,6 +26,91 @@ impl fmt::Display for LeaseId {
     }
 }
 
+/// A revision of the store: its one counter, which every write transaction advances by one.
+/// A key carries the revision that created it and the one that last changed it; a
+/// leadership's fencing token is its key's create revision. Displayed as the number.
+///
+/// ```
+/// use coord_api::Revision;
+/// let r = Revision(41);
+/// assert_eq!(r.next(), Revision(42));
+/// assert!(Revision::ZERO < r);
+/// assert_eq!(r.to_string(), "41");
+/// assert!(r > 40 && r == 41);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Revision(pub i64);
+
+impl Revision {
+    /// "No revision": what a missing key's create and mod revisions compare equal to, and
+    /// what a watch from "now" starts at.
+    pub const ZERO: Revision = Revision(0);
+
+    /// The revision after this one.
+    pub fn next(self) -> Revision {
+        Revision(self.0 + 1)
+    }
+
+    /// The revision before this one.
+    pub fn prev(self) -> Revision {
+        Revision(self.0 - 1)
+    }
+
+    /// The number.
+    pub fn get(self) -> i64 {
+        self.0
+    }
+
+    /// True for [`Revision::ZERO`].
+    pub fn is_zero(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl fmt::Display for Revision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl From<i64> for Revision {
+    fn from(r: i64) -> Self {
+        Revision(r)
+    }
+}
+
+impl From<Revision> for i64 {
+    fn from(r: Revision) -> Self {
+        r.0
+    }
+}
+
+impl PartialEq<i64> for Revision {
+    fn eq(&self, other: &i64) -> bool {
+        self.0 == *other
+    }
+}
+
+impl PartialOrd<i64> for Revision {
+    fn partial_cmp(&self, other: &i64) -> Option<std::cmp::Ordering> {
+        Some(self.0.cmp(other))
+    }
+}
+
+impl std::ops::Add<i64> for Revision {
+    type Output = Revision;
+    fn add(self, n: i64) -> Revision {
+        Revision(self.0 + n)
+    }
+}
+
+impl std::ops::Sub<i64> for Revision {
+    type Output = Revision;
+    fn sub(self, n: i64) -> Revision {
+        Revision(self.0 - n)
+    }
+}
+
 /// One key as stored, with etcd's per-key metadata.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct KeyValue {
@@ -34,9 +119,9 @@ pub struct KeyValue {
     /// The value (empty in a delete event).
     pub value: Bytes,
     /// The revision of the write that created this incarnation of the key.
-    pub create_revision: i64,
+    pub create_revision: Revision,
     /// The revision of the last write to the key (for a delete event: the delete's revision).
-    pub mod_revision: i64,
+    pub mod_revision: Revision,
     /// Writes to this incarnation of the key, starting at 1; 0 in a delete event.
     pub version: i64,
     /// The lease the key is attached to, or [`LeaseId::NONE`].

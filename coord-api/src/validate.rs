@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::request::{DeleteRequest, GetRequest, PutRequest, TxnOp, TxnRequest, WatchRequest};
 use crate::types::{KeyRange, Limits};
+use crate::Revision;
 
 fn key(what: &str, key: &[u8]) -> Result<()> {
     if key.is_empty() {
@@ -24,9 +25,9 @@ fn range(what: &str, range: &KeyRange) -> Result<()> {
     }
 }
 
-fn revision(what: &str, rev: Option<i64>) -> Result<()> {
+fn revision(what: &str, rev: Option<Revision>) -> Result<()> {
     match rev {
-        Some(r) if r < 0 => Err(Error::invalid(format!("{what}: negative revision {r}"))),
+        Some(r) if r.get() < 0 => Err(Error::invalid(format!("{what}: negative revision {r}"))),
         _ => Ok(()),
     }
 }

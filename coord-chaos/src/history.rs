@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use coord_api::LeaseId;
+use coord_api::{LeaseId, Revision};
 use coord_sim::journal::Entry;
 
 use crate::fault::Fault;
@@ -28,13 +28,13 @@ impl fmt::Display for Incarnation {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Emitted {
     /// `HostUp`: host, metadata, revision.
-    Up(String, String, i64),
+    Up(String, String, Revision),
     /// `HostUpdated`: host, metadata, revision.
-    Updated(String, String, i64),
+    Updated(String, String, Revision),
     /// `HostDown`: host, revision.
-    Down(String, i64),
+    Down(String, Revision),
     /// `Resynced`: the listing's revision.
-    Resynced(i64),
+    Resynced(Revision),
 }
 
 /// A part of an incarnation that can be stopped on its own.
@@ -148,7 +148,7 @@ pub enum Happening {
         /// The election's name.
         election: String,
         /// The fencing token.
-        token: i64,
+        token: Revision,
     },
     /// The node no longer believes it leads.
     LeaderEnd {
@@ -157,7 +157,7 @@ pub enum Happening {
         /// The election's name.
         election: String,
         /// The fencing token it held.
-        token: i64,
+        token: Revision,
         /// It gave the leadership up (resigned), rather than lost it.
         resigned: bool,
     },
@@ -169,7 +169,7 @@ pub enum Happening {
         /// The election whose leadership fenced it.
         election: String,
         /// The token it carried.
-        token: i64,
+        token: Revision,
         /// What the node learned.
         outcome: Outcome,
     },
@@ -178,7 +178,7 @@ pub enum Happening {
         /// Whose watcher.
         who: Incarnation,
         /// The view's revision.
-        revision: i64,
+        revision: Revision,
         /// The hosts in it, with their metadata.
         hosts: Vec<(String, String)>,
     },

@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use coord_api::sync::watch;
-use coord_api::DynKvLeaseStore;
+use coord_api::{DynKvLeaseStore, Revision};
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -175,7 +175,7 @@ impl Node {
 
     /// Records that this node now believes it leads `election` with `token` (the generic
     /// election invariants then hold it to exclusivity, growing tokens and failover).
-    pub fn leader_start(&self, election: &str, token: i64) {
+    pub fn leader_start(&self, election: &str, token: Revision) {
         self.record(Happening::LeaderStart {
             who: self.who(),
             election: election.to_owned(),
@@ -186,7 +186,7 @@ impl Node {
     /// Records that this node no longer believes it leads `election` (`resigned`: it gave the
     /// leadership up, rather than lost it). Record it before resigning: the delete may land
     /// long before its reply comes back.
-    pub fn leader_end(&self, election: &str, token: i64, resigned: bool) {
+    pub fn leader_end(&self, election: &str, token: Revision, resigned: bool) {
         self.record(Happening::LeaderEnd {
             who: self.who(),
             election: election.to_owned(),

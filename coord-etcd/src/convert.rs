@@ -2,8 +2,8 @@
 
 use coord_api::{
     Bytes, CompareOp, CompareTarget, DeleteRequest, DeleteResponse, Event, EventKind, GetRequest,
-    GetResponse, KeyRange, KeyValue, LeaseId, PutRequest, PutResponse, TxnOp, TxnOpResponse,
-    TxnRequest, TxnResponse,
+    GetResponse, KeyRange, KeyValue, LeaseId, PutRequest, PutResponse, Revision, TxnOp,
+    TxnOpResponse, TxnRequest, TxnResponse,
 };
 use etcd_client as ec;
 
@@ -20,7 +20,7 @@ pub(crate) fn get(req: &GetRequest) -> (Vec<u8>, ec::GetOptions) {
         o = o.with_range(end);
     }
     if let Some(rev) = req.revision {
-        o = o.with_revision(rev);
+        o = o.with_revision(rev.get());
     }
     if let Some(limit) = req.limit {
         o = o.with_limit(limit.min(i64::MAX as u64) as i64);
@@ -32,15 +32,15 @@ pub(crate) fn kv(kv: &ec::KeyValue) -> KeyValue {
     KeyValue {
         key: Bytes::copy_from_slice(kv.key()),
         value: Bytes::copy_from_slice(kv.value()),
-        create_revision: kv.create_revision(),
-        mod_revision: kv.mod_revision(),
+        create_revision: Revision(kv.create_revision()),
+        mod_revision: Revision(kv.mod_revision()),
         version: kv.version(),
         lease: LeaseId(kv.lease()),
     }
 }
 
-fn header_revision(h: Option<&ec::ResponseHeader>) -> i64 {
-    h.map_or(0, |h| h.revision())
+fn header_revision(h: Option<&ec::ResponseHeader>) -> Revision {
+    Revision(h.map_or(0, |h| h.revision()))
 }
 
 pub(crate) fn get_response(r: ec::GetResponse) -> GetResponse {
@@ -100,8 +100,8 @@ fn compare(c: &coord_api::Compare) -> ec::Compare {
     let cmp = match &c.target {
         CompareTarget::Value(v) => ec::Compare::value(key, op, v.to_vec()),
         CompareTarget::Version(v) => ec::Compare::version(key, op, *v),
-        CompareTarget::CreateRevision(r) => ec::Compare::create_revision(key, op, *r),
-        CompareTarget::ModRevision(r) => ec::Compare::mod_revision(key, op, *r),
+        CompareTarget::CreateRevision(r) => ec::Compare::create_revision(key, op, r.get()),
+        CompareTarget::ModRevision(r) => ec::Compare::mod_revision(key, op, r.get()),
         CompareTarget::Lease(l) => ec::Compare::lease(key, op, l.0),
     };
     if c.prefix {

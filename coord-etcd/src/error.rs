@@ -82,12 +82,12 @@ pub(crate) fn map_status(op: &'static str, kind: Kind, status: tonic::Status) ->
             lease: LeaseId::NONE,
         },
         Code::OutOfRange if msg.contains("compacted") => Error::Compacted {
-            requested: 0,
-            compact_revision: 0,
+            requested: coord_api::Revision::ZERO,
+            compact_revision: coord_api::Revision::ZERO,
         },
         Code::OutOfRange if msg.contains("future revision") => Error::FutureRevision {
-            requested: 0,
-            current: 0,
+            requested: coord_api::Revision::ZERO,
+            current: coord_api::Revision::ZERO,
         },
         Code::OutOfRange if msg.contains("too large lease TTL") => {
             Error::invalid(format!("etcd refused {op}: {msg}"))

@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use coord_api::{
     validate, Bytes, DeleteRequest, DeleteResponse, DynKvLeaseStore, Error, GetRequest,
     GetResponse, KeepAlive, KvLeaseStore, KvLeaseStoreExt, LeaseGrant, LeaseId, LeaseTimeToLive,
-    Limits, PutRequest, PutResponse, Result, TxnOp, TxnRequest, TxnResponse, WatchRequest,
-    WatchStream,
+    Limits, PutRequest, PutResponse, Result, Revision, TxnOp, TxnRequest, TxnResponse,
+    WatchRequest, WatchStream,
 };
 use etcd_client::Client;
 use tokio::time::Instant;
@@ -393,7 +393,7 @@ impl EtcdStore {
     /// (which does) comes from an asynchronous loop that can take seconds; so search for it:
     /// reads below it fail with "compacted", reads at or above it succeed. `below` is a
     /// revision known to be compacted. About 20 reads at worst, and only on an error path.
-    async fn compact_revision(&self, below: i64) -> i64 {
+    async fn compact_revision(&self, below: Revision) -> Revision {
         let readable = |rev: i64| async move {
             let r = self
                 .call("get", Kind::Read, |mut c| async move {
@@ -411,32 +411,32 @@ impl EtcdStore {
             }
         };
         let Ok(current) = self.current_revision().await else {
-            return 0;
+            return Revision::ZERO;
         };
         // Invariant: `lo` is compacted, `hi` is readable (the current revision always is).
-        let (mut lo, mut hi) = (below.max(0), current);
+        let (mut lo, mut hi) = (below.get().max(0), current.get());
         while hi - lo > 1 {
             let mid = lo + (hi - lo) / 2;
             match readable(mid).await {
                 Some(true) => hi = mid,
                 Some(false) => lo = mid,
-                None => return 0,
+                None => return Revision::ZERO,
             }
         }
-        hi
+        Revision(hi)
     }
 
     /// Fills in what etcd's revision errors do not carry.
-    async fn with_revisions(&self, err: Error, requested: i64) -> Error {
+    async fn with_revisions(&self, err: Error, requested: Revision) -> Error {
         match err {
             Error::Compacted { .. } => Error::Compacted {
                 requested,
                 // `requested - 1` is compacted whether a read at `requested` failed (so it is below
                 // the point) or a compaction at it did (so it is at or below).
-                compact_revision: self.compact_revision(requested - 1).await,
+                compact_revision: self.compact_revision(requested.prev()).await,
             },
             Error::FutureRevision { .. } => {
-                let current = self.current_revision().await.unwrap_or(0);
+                let current = self.current_revision().await.unwrap_or(Revision::ZERO);
                 Error::FutureRevision { requested, current }
             }
             other => other,
@@ -504,7 +504,9 @@ impl KvLeaseStore for EtcdStore {
             .await;
         match res {
             Ok(r) => Ok(convert::get_response(r)),
-            Err(e) => Err(self.with_revisions(e, req.revision.unwrap_or(0)).await),
+            Err(e) => Err(self
+                .with_revisions(e, req.revision.unwrap_or(Revision::ZERO))
+                .await),
         }
     }
 
@@ -556,7 +558,7 @@ impl KvLeaseStore for EtcdStore {
                         TxnOp::Get(g) => g.revision,
                         _ => None,
                     })
-                    .unwrap_or(0);
+                    .unwrap_or(Revision::ZERO);
                 let e = match e {
                     // etcd does not say which lease is missing; with several, ask.
                     Error::LeaseNotFound { .. } => {
@@ -597,14 +599,14 @@ impl KvLeaseStore for EtcdStore {
         })
     }
 
-    async fn revoke(&self, lease: LeaseId) -> Result<i64> {
+    async fn revoke(&self, lease: LeaseId) -> Result<Revision> {
         let r = self
             .call("revoke", Kind::Write, |mut c| async move {
                 c.lease_revoke(lease.0).await
             })
             .await
             .map_err(|e| with_lease(e, Some(lease)))?;
-        Ok(r.header().map_or(0, |h| h.revision()))
+        Ok(Revision(r.header().map_or(0, |h| h.revision())))
     }
 
     async fn time_to_live(&self, lease: LeaseId) -> Result<LeaseTimeToLive> {
@@ -655,10 +657,10 @@ impl KvLeaseStore for EtcdStore {
         watch::open(self, req).await
     }
 
-    async fn compact(&self, revision: i64) -> Result<()> {
+    async fn compact(&self, revision: Revision) -> Result<()> {
         let res = self
             .call("compact", Kind::Write, |mut c| async move {
-                c.compact(revision, None).await
+                c.compact(revision.get(), None).await
             })
             .await;
         match res {

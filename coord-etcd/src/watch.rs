@@ -1,6 +1,6 @@
 //! Watches on etcd's Watch stream.
 
-use coord_api::{Error, Result, WatchRequest, WatchResponse, WatchStream};
+use coord_api::{Error, Result, Revision, WatchRequest, WatchResponse, WatchStream};
 use futures::StreamExt;
 
 use crate::convert;
@@ -14,7 +14,7 @@ pub(crate) async fn open(store: &EtcdStore, req: WatchRequest) -> Result<WatchSt
         opts = opts.with_range(req.range.etcd_range_end());
     }
     if let Some(rev) = req.start_revision {
-        opts = opts.with_start_revision(rev);
+        opts = opts.with_start_revision(rev.get());
     }
     if req.prev_kv {
         opts = opts.with_prev_key();
@@ -35,7 +35,7 @@ pub(crate) async fn open(store: &EtcdStore, req: WatchRequest) -> Result<WatchSt
             }
         })
         .await?;
-    let requested = req.start_revision.unwrap_or(0);
+    let requested = req.start_revision.unwrap_or(Revision::ZERO);
     let mut pending = first.filter(|r| !r.created() || r.canceled());
     let out = async_stream::stream! {
         loop {
@@ -56,7 +56,7 @@ pub(crate) async fn open(store: &EtcdStore, req: WatchRequest) -> Result<WatchSt
                 Ok(Some(resp)) => {
                     if resp.canceled() {
                         if resp.compact_revision() > 0 {
-                            yield Err(Error::Compacted { requested, compact_revision: resp.compact_revision() });
+                            yield Err(Error::Compacted { requested, compact_revision: Revision(resp.compact_revision()) });
                         } else {
                             let reason = resp.cancel_reason().to_owned();
                             yield Err(Error::StreamClosed {
@@ -67,7 +67,7 @@ pub(crate) async fn open(store: &EtcdStore, req: WatchRequest) -> Result<WatchSt
                         break;
                     }
                     let events = resp.events().iter().filter_map(convert::event).collect();
-                    let revision = resp.header().map_or(0, |h| h.revision());
+                    let revision = Revision(resp.header().map_or(0, |h| h.revision()));
                     yield Ok(WatchResponse { revision, events });
                 }
                 Ok(None) => {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use coord_api::{Event, LeaseId};
+use coord_api::{Event, LeaseId, Revision};
 
 /// Who caused a change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -22,7 +22,7 @@ pub enum Entry {
     /// A write committed at `revision` with these events.
     Commit {
         /// The new revision.
-        revision: i64,
+        revision: Revision,
         /// The cause.
         origin: Origin,
         /// What changed, in order.
@@ -59,6 +59,6 @@ pub enum Entry {
     /// History before `revision` was compacted.
     Compact {
         /// The new compaction point.
-        revision: i64,
+        revision: Revision,
     },
 }

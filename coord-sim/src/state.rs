@@ -24,7 +24,7 @@ use bytes::Bytes;
 use coord_api::{
     Compare, CompareOp, CompareTarget, DeleteRequest, DeleteResponse, Error, Event, EventKind,
     GetRequest, GetResponse, KeyRange, KeyValue, LeaseGrant, LeaseId, LeaseTimeToLive, PutRequest,
-    PutResponse, Result, TxnOp, TxnOpResponse, TxnRequest, TxnResponse, WatchRequest,
+    PutResponse, Result, Revision, TxnOp, TxnOpResponse, TxnRequest, TxnResponse, WatchRequest,
     WatchResponse,
 };
 use tokio::time::Instant;
@@ -36,11 +36,11 @@ use crate::journal::{Entry, Origin};
 enum Version {
     Live(KeyValue),
     /// Deleted at this revision.
-    Tombstone(i64),
+    Tombstone(Revision),
 }
 
 impl Version {
-    fn revision(&self) -> i64 {
+    fn revision(&self) -> Revision {
         match self {
             Version::Live(kv) => kv.mod_revision,
             Version::Tombstone(rev) => *rev,
@@ -60,7 +60,7 @@ struct Watcher {
     range: KeyRange,
     prev_kv: bool,
     /// The first revision this watcher has not been sent yet.
-    next_revision: i64,
+    next_revision: Revision,
     /// False while it still has history to catch up on. Like etcd's unsynced watchers, it
     /// gets no live events until [`State::sync_watchers`] has sent it its history, and a
     /// compaction past its next revision before then ends it with `Compacted`.
@@ -82,10 +82,10 @@ pub struct Delivery {
 /// The state machine. See the module docs.
 #[derive(Debug)]
 pub struct State {
-    revision: i64,
-    compact_revision: i64,
+    revision: Revision,
+    compact_revision: Revision,
     keys: BTreeMap<Bytes, Vec<Version>>,
-    log: BTreeMap<i64, Vec<Event>>,
+    log: BTreeMap<Revision, Vec<Event>>,
     leases: BTreeMap<LeaseId, Lease>,
     deadlines: BTreeSet<(Instant, LeaseId)>,
     lease_rng: u64,
@@ -102,7 +102,7 @@ pub struct State {
 
 /// A write transaction in progress: the revision it will commit at, and its events.
 struct Pending {
-    revision: i64,
+    revision: Revision,
     events: Vec<Event>,
 }
 
@@ -111,8 +111,8 @@ impl State {
     /// shortest TTL granted.
     pub fn new(seed: u64, min_ttl: Duration) -> Self {
         State {
-            revision: 1,
-            compact_revision: 0,
+            revision: Revision(1),
+            compact_revision: Revision::ZERO,
             keys: BTreeMap::new(),
             log: BTreeMap::new(),
             leases: BTreeMap::new(),
@@ -159,12 +159,12 @@ impl State {
     }
 
     /// The current revision.
-    pub fn revision(&self) -> i64 {
+    pub fn revision(&self) -> Revision {
         self.revision
     }
 
     /// The compaction point (0 before any compaction).
-    pub fn compact_revision(&self) -> i64 {
+    pub fn compact_revision(&self) -> Revision {
         self.compact_revision
     }
 
@@ -180,7 +180,7 @@ impl State {
 
     // ---- reads -------------------------------------------------------------------------
 
-    fn check_read_revision(&self, rev: i64) -> Result<()> {
+    fn check_read_revision(&self, rev: Revision) -> Result<()> {
         if rev > 0 && rev < self.compact_revision {
             return Err(Error::Compacted {
                 requested: rev,
@@ -214,7 +214,7 @@ impl State {
     }
 
     /// The live value of a key as of `rev` (the latest when `rev` is `None`).
-    fn value_at(versions: &[Version], rev: Option<i64>) -> Option<&KeyValue> {
+    fn value_at(versions: &[Version], rev: Option<Revision>) -> Option<&KeyValue> {
         let v = match rev {
             None => versions.last(),
             Some(r) => versions.iter().rev().find(|v| v.revision() <= r),
@@ -229,7 +229,7 @@ impl State {
         self.keys.get(key).and_then(|v| Self::value_at(v, None))
     }
 
-    fn range(&self, req: &GetRequest, header: i64) -> GetResponse {
+    fn range(&self, req: &GetRequest, header: Revision) -> GetResponse {
         let rev = req.revision.filter(|r| *r > 0);
         let mut kvs: Vec<KeyValue> = self
             .versions_in(&req.range)
@@ -271,7 +271,7 @@ impl State {
 
     /// The revision a response inside the transaction reports: the pending one once the
     /// transaction has written something.
-    fn seen_revision(&self, p: &Pending) -> i64 {
+    fn seen_revision(&self, p: &Pending) -> Revision {
         if p.events.is_empty() {
             self.revision
         } else {
@@ -392,7 +392,7 @@ impl State {
     /// etcd looks a previous value up at `mod_revision - 1` when it sends the event; when
     /// that revision is compacted the lookup fails and the event goes out without it. A
     /// watch catching up on old history can therefore get events without `prev_kv`.
-    fn matching(w: &Watcher, events: &[Event], compact_revision: i64) -> Vec<Event> {
+    fn matching(w: &Watcher, events: &[Event], compact_revision: Revision) -> Vec<Event> {
         events
             .iter()
             .filter(|e| w.range.contains(&e.kv.key))
@@ -459,8 +459,12 @@ impl State {
             (CompareTarget::Value(_), None) => return false,
             (CompareTarget::Value(v), Some(kv)) => kv.value.as_ref().cmp(v.as_ref()),
             (CompareTarget::Version(v), kv) => kv.map_or(0, |kv| kv.version).cmp(v),
-            (CompareTarget::CreateRevision(r), kv) => kv.map_or(0, |kv| kv.create_revision).cmp(r),
-            (CompareTarget::ModRevision(r), kv) => kv.map_or(0, |kv| kv.mod_revision).cmp(r),
+            (CompareTarget::CreateRevision(r), kv) => {
+                kv.map_or(Revision::ZERO, |kv| kv.create_revision).cmp(r)
+            }
+            (CompareTarget::ModRevision(r), kv) => {
+                kv.map_or(Revision::ZERO, |kv| kv.mod_revision).cmp(r)
+            }
             (CompareTarget::Lease(l), kv) => kv.map_or(LeaseId::NONE, |kv| kv.lease).cmp(l),
         };
         match c.op {
@@ -552,7 +556,7 @@ impl State {
         LeaseGrant { id, ttl }
     }
 
-    fn remove_lease(&mut self, id: LeaseId) -> Option<i64> {
+    fn remove_lease(&mut self, id: LeaseId) -> Option<Revision> {
         let lease = self.leases.remove(&id)?;
         self.deadlines.remove(&(lease.deadline, id));
         let origin = self.origin;
@@ -566,7 +570,7 @@ impl State {
     }
 
     /// Revokes a lease; returns the revision after its keys were deleted.
-    pub fn revoke(&mut self, now: Instant, id: LeaseId) -> Result<i64> {
+    pub fn revoke(&mut self, now: Instant, id: LeaseId) -> Result<Revision> {
         self.expire(now);
         self.remove_lease(id)
             .ok_or(Error::LeaseNotFound { lease: id })
@@ -722,7 +726,7 @@ impl State {
     }
 
     /// Discards history before `rev`.
-    pub fn compact(&mut self, now: Instant, rev: i64) -> Result<()> {
+    pub fn compact(&mut self, now: Instant, rev: Revision) -> Result<()> {
         self.expire(now);
         if rev <= self.compact_revision {
             return Err(Error::Compacted {

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use coord_api::{
     validate, DeleteRequest, DeleteResponse, DynKvLeaseStore, GetRequest, GetResponse, KeepAlive,
     KvLeaseStore, LeaseGrant, LeaseId, LeaseTimeToLive, Limits, PutRequest, PutResponse, Result,
-    TxnRequest, TxnResponse, WatchRequest, WatchResponse, WatchStream,
+    Revision, TxnRequest, TxnResponse, WatchRequest, WatchResponse, WatchStream,
 };
 use futures::StreamExt;
 use tokio::sync::{mpsc, Notify};
@@ -541,12 +541,12 @@ impl SimStore {
     }
 
     /// The current revision, read without going through the trait (no validation, no await).
-    pub fn revision(&self) -> i64 {
+    pub fn revision(&self) -> Revision {
         self.shared.lock().state.revision()
     }
 
     /// The compaction point (0 before any compaction).
-    pub fn compact_revision(&self) -> i64 {
+    pub fn compact_revision(&self) -> Revision {
         self.shared.lock().state.compact_revision()
     }
 
@@ -697,7 +697,7 @@ impl KvLeaseStore for SimStore {
         .await
     }
 
-    async fn revoke(&self, lease: LeaseId) -> Result<i64> {
+    async fn revoke(&self, lease: LeaseId) -> Result<Revision> {
         self.call("revoke", Call::Write, move |c| {
             c.apply(|s, now| s.revoke(now, lease))
         })
@@ -748,7 +748,7 @@ impl KvLeaseStore for SimStore {
         .await
     }
 
-    async fn compact(&self, revision: i64) -> Result<()> {
+    async fn compact(&self, revision: Revision) -> Result<()> {
         self.call("compact", Call::Write, move |c| {
             c.apply(|s, now| s.compact(now, revision))
         })

@@ -34,6 +34,7 @@ use crate::request::{GetRequest, WatchRequest};
 use crate::store::{DynKvLeaseStore, KvLeaseStoreExt};
 use crate::sync::watch;
 use crate::types::EventKind;
+use crate::types::Revision;
 
 /// What to watch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,7 +76,7 @@ pub enum ClusterEvent {
         /// Its metadata.
         metadata: Bytes,
         /// The revision this was learned at.
-        revision: i64,
+        revision: Revision,
     },
     /// A host's metadata changed.
     HostUpdated {
@@ -84,7 +85,7 @@ pub enum ClusterEvent {
         /// Its new metadata.
         metadata: Bytes,
         /// The revision of the change.
-        revision: i64,
+        revision: Revision,
     },
     /// A host went away.
     HostDown {
@@ -93,13 +94,13 @@ pub enum ClusterEvent {
         /// The last metadata seen for it.
         last_metadata: Bytes,
         /// The revision this was learned at.
-        revision: i64,
+        revision: Revision,
     },
     /// The watcher re-listed (after compaction, a broken or silent stream) and emitted the
     /// difference just before this event.
     Resynced {
         /// The listing's revision.
-        revision: i64,
+        revision: Revision,
     },
 }
 
@@ -107,7 +108,7 @@ pub enum ClusterEvent {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ClusterView {
     /// The revision the view is current at.
-    pub revision: i64,
+    pub revision: Revision,
     /// Host name to metadata.
     pub hosts: BTreeMap<String, Bytes>,
 }
@@ -243,12 +244,12 @@ struct Worker {
 const MAX_COALESCED: usize = 256;
 
 /// A listing: revision and hosts.
-type Listing = (i64, BTreeMap<String, Bytes>);
+type Listing = (Revision, BTreeMap<String, Bytes>);
 
 /// Why a watch stopped being followed.
 enum Broken {
     /// The store compacted past the watch; the compaction point.
-    Compacted(i64),
+    Compacted(Revision),
     /// No event and no progress notification for this long.
     Silent(Duration),
     /// The stream closed or failed, or could not be opened; `delivered` when it worked (gave
@@ -342,7 +343,7 @@ impl Worker {
         }
         // The first watch starts after the listing; later ones resume at the last revision
         // seen (see the module docs).
-        let mut from = self.view.revision + 1;
+        let mut from = self.view.revision.next();
         loop {
             let outcome = tokio::select! {
                 biased;
@@ -350,13 +351,13 @@ impl Worker {
                 o = self.follow(from) => o,
             };
             if self.planted_skip_relist(&outcome).await {
-                from = self.view.revision + 1;
+                from = self.view.revision.next();
                 continue;
             }
             match &outcome {
                 Broken::Closed { delivered, why } => {
-                    tracing::debug!(reason = %why, revision = self.view.revision, "watch broken; resuming");
-                    from = self.view.revision.max(1);
+                    tracing::debug!(reason = %why, revision = %self.view.revision, "watch broken; resuming");
+                    from = self.view.revision.max(Revision(1));
                     if *delivered {
                         // It worked until now: resume at once.
                         self.backoff.reset();
@@ -372,7 +373,7 @@ impl Worker {
                 }
                 Broken::Compacted(_) | Broken::Silent(_) => {}
             }
-            tracing::warn!(reason = %outcome, revision = self.view.revision, "watch broken; re-listing");
+            tracing::warn!(reason = %outcome, revision = %self.view.revision, "watch broken; re-listing");
             // Re-list until it works and is not behind what we have seen.
             loop {
                 let listed = tokio::select! {
@@ -383,18 +384,18 @@ impl Worker {
                 match listed {
                     Ok(l) if l.0 >= self.view.revision => {
                         self.apply_listing(l).await;
-                        from = self.view.revision + 1;
+                        from = self.view.revision.next();
                         self.backoff.reset();
                         tracing::info!(
-                            revision = self.view.revision,
+                            revision = %self.view.revision,
                             hosts = self.view.hosts.len(),
                             "watcher resynced"
                         );
                         break;
                     }
                     Ok(l) => tracing::warn!(
-                        listed = l.0,
-                        seen = self.view.revision,
+                        listed = %l.0,
+                        seen = %self.view.revision,
                         "listing older than the view (stale member?); rejected"
                     ),
                     Err(e) => {
@@ -415,7 +416,7 @@ impl Worker {
         use crate::planted::{enabled, Bug};
         match outcome {
             Broken::Compacted(point) if enabled(Bug::WatcherIgnoresCompaction) => {
-                self.view.revision = point - 1;
+                self.view.revision = point.prev();
                 true
             }
             Broken::Closed {
@@ -433,7 +434,7 @@ impl Worker {
 
     /// Applies the watch from `from` until it breaks; says why. Events the view already has
     /// (a resume starts at the last revision seen) are dropped.
-    async fn follow(&mut self, from: i64) -> Broken {
+    async fn follow(&mut self, from: Revision) -> Broken {
         let req = WatchRequest::prefix(self.config.prefix.clone())
             .with_start_revision(from)
             .with_progress_notify();
@@ -508,8 +509,8 @@ impl Worker {
                 // What a resume replays by design (the last revision seen), or a watch going
                 // back in time (etcd#15271): either way, never applied twice.
                 tracing::trace!(
-                    revision = rev,
-                    view = self.view.revision,
+                    revision = %rev,
+                    view = %self.view.revision,
                     "event not newer than the view; dropped"
                 );
                 continue;

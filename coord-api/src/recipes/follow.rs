@@ -17,7 +17,7 @@ use super::retry::{self, Backoff};
 use crate::error::Error;
 use crate::request::{GetRequest, WatchRequest};
 use crate::store::{DynKvLeaseStore, WatchStream};
-use crate::types::{EventKind, KeyValue};
+use crate::types::{EventKind, KeyValue, Revision};
 
 /// A change to the followed key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,7 +25,7 @@ pub(crate) enum Change {
     /// The key was written (created, or overwritten).
     Put(KeyValue),
     /// The key was deleted, at this revision (or found gone by a re-read at it).
-    Deleted(i64),
+    Deleted(Revision),
 }
 
 /// Follows one key; see the module docs.
@@ -33,9 +33,9 @@ pub(crate) struct Follow {
     store: Arc<DynKvLeaseStore>,
     key: Bytes,
     /// The first revision not yet seen.
-    from: i64,
+    from: Revision,
     /// The key as last reported: its create and mod revisions, `None` while absent.
-    last: Option<(i64, i64)>,
+    last: Option<(Revision, Revision)>,
     stream: Option<WatchStream>,
     pending: VecDeque<Change>,
     backoff: Backoff,
@@ -47,8 +47,8 @@ impl Follow {
     pub(crate) fn new(
         store: Arc<DynKvLeaseStore>,
         key: impl Into<Bytes>,
-        from: i64,
-        known: Option<(i64, i64)>,
+        from: Revision,
+        known: Option<(Revision, Revision)>,
     ) -> Self {
         let key = key.into();
         let seed = retry::seed(&[&key]);
@@ -106,7 +106,7 @@ impl Follow {
                             }
                         }
                     }
-                    self.from = self.from.max(batch.revision + 1);
+                    self.from = self.from.max(batch.revision.next());
                 }
                 // Compacted, closed, ended: what happened in the gap is read, not watched.
                 Some(Err(_)) | None => {
@@ -145,12 +145,12 @@ impl Follow {
             }
         }
         self.last = state;
-        self.from = self.from.max(r.revision + 1);
+        self.from = self.from.max(r.revision.next());
     }
 
     /// Waits until the key is no longer the incarnation `mine` accepts (deleted, or written by
     /// someone else); returns the revision at which that was seen.
-    pub(crate) async fn until_gone(&mut self, mine: impl Fn(&KeyValue) -> bool) -> i64 {
+    pub(crate) async fn until_gone(&mut self, mine: impl Fn(&KeyValue) -> bool) -> Revision {
         loop {
             match self.next().await {
                 Change::Deleted(revision) => return revision,

@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::request::{Compare, CompareOp, GetRequest, PutRequest, TxnOp, TxnRequest, TxnResponse};
 use crate::store::{DynKvLeaseStore, KvLeaseStore, LeaderStream};
 use crate::sync::watch;
-use crate::types::KeyValue;
+use crate::types::{KeyValue, Revision};
 
 /// An election, campaigned in under one session's lease.
 #[derive(Debug, Clone)]
@@ -88,7 +88,7 @@ impl Election {
         };
         self.runway(&won).await?;
         crate::sync::explore::point().await;
-        tracing::info!(election = %self.name, token = won.revision, "leadership acquired");
+        tracing::info!(election = %self.name, token = %won.token, "leadership acquired");
         Ok(Leadership::new(
             self.store.clone(),
             self.session.clone(),
@@ -146,7 +146,7 @@ impl Election {
                         let unknown = LeaderKey {
                             name: self.name.clone(),
                             key: Bytes::from(key),
-                            revision: 0,
+                            token: Revision::ZERO,
                             lease,
                         };
                         withdraw(self.store.clone(), unknown);
@@ -159,7 +159,7 @@ impl Election {
             LeaderKey {
                 name: self.name.clone(),
                 key: Bytes::from(key),
-                revision: resp.revision,
+                token: resp.revision,
                 lease,
             }
         } else {
@@ -173,14 +173,14 @@ impl Election {
                 Some(kv) if kv.key == key.as_bytes() => LeaderKey {
                     name: self.name.clone(),
                     key: kv.key,
-                    revision: kv.create_revision,
+                    token: kv.create_revision,
                     lease,
                 },
                 _ => return Ok(None),
             }
         };
         self.runway(&won).await?;
-        tracing::info!(election = %self.name, token = won.revision, "leadership acquired (try)");
+        tracing::info!(election = %self.name, token = %won.token, "leadership acquired (try)");
         Ok(Some(Leadership::new(
             self.store.clone(),
             self.session.clone(),
@@ -211,7 +211,7 @@ impl Election {
             Ok(true) => {
                 let leader = self.store.leader(&self.name).await;
                 match leader {
-                    Ok(kv) if kv.key == won.key && kv.create_revision == won.revision => Ok(()),
+                    Ok(kv) if kv.key == won.key && kv.create_revision == won.token => Ok(()),
                     Ok(_) | Err(Error::NoLeader { .. }) => {
                         let _ = self.store.resign(won).await;
                         Err(Error::CandidacyLost {
@@ -338,8 +338,8 @@ impl Leadership {
     }
 
     /// The fencing token: the leader key's create revision. Each new leader's is larger.
-    pub fn token(&self) -> i64 {
-        self.key.revision
+    pub fn token(&self) -> Revision {
+        self.key.token
     }
 
     /// The leader key (name, key, token, lease).
@@ -442,7 +442,7 @@ impl Leadership {
     pub async fn resign(self) -> Result<()> {
         lose(&self.lost, LossReason::Resigned);
         self.store.resign(&self.key).await?;
-        tracing::info!(election = %self.key.name, token = self.key.revision, "leadership resigned");
+        tracing::info!(election = %self.key.name, token = %self.key.token, "leadership resigned");
         Ok(())
     }
 }
@@ -466,8 +466,8 @@ pub struct Fence {
 
 impl Fence {
     /// The leadership's fencing token.
-    pub fn token(&self) -> i64 {
-        self.key.revision
+    pub fn token(&self) -> Revision {
+        self.key.token
     }
 
     /// `txn` made conditional on the leadership (see [`Leadership::fenced`]).
@@ -505,17 +505,17 @@ impl Fence {
             .get(probe)
             .and_then(|r| r.as_get())
             .and_then(|g| g.kvs.first())
-            .is_some_and(|kv| kv.create_revision == self.key.revision);
+            .is_some_and(|kv| kv.create_revision == self.key.token);
         resp.responses.truncate(probe);
         if standing {
             return Ok(resp);
         }
         if lose(&self.lost, LossReason::FencedOut) {
-            tracing::warn!(election = %self.key.name, token = self.key.revision, "fenced out: the store no longer counts this leadership");
+            tracing::warn!(election = %self.key.name, token = %self.key.token, "fenced out: the store no longer counts this leadership");
         }
         Err(Error::FencedOut {
             election: self.key.name.clone(),
-            token: self.key.revision,
+            token: self.key.token,
         })
     }
 }
@@ -543,16 +543,16 @@ async fn watch_loss(
     let mut follow = Follow::new(
         store,
         key.key.clone(),
-        key.revision + 1,
-        Some((key.revision, key.revision)),
+        key.token + 1,
+        Some((key.token, key.token)),
     );
     let why = tokio::select! {
         biased;
         _ = ended.wait_for(Option::is_some) => return,
         end = session.done() => LossReason::from(end),
-        _ = follow.until_gone(|kv| kv.create_revision == key.revision) => LossReason::KeyDeleted,
+        _ = follow.until_gone(|kv| kv.create_revision == key.token) => LossReason::KeyDeleted,
     };
     if lose(&lost, why) {
-        tracing::warn!(election = %key.name, token = key.revision, reason = %why, "leadership lost");
+        tracing::warn!(election = %key.name, token = %key.token, reason = %why, "leadership lost");
     }
 }

@@ -33,7 +33,7 @@ use crate::error::{Error, Result};
 use crate::request::PutRequest;
 use crate::store::DynKvLeaseStore;
 use crate::sync::watch;
-use crate::types::LeaseId;
+use crate::types::{LeaseId, Revision};
 
 /// What to register and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -145,7 +145,7 @@ struct Shared {
 
 impl Shared {
     /// Writes the key under `lease`; returns its create and mod revisions.
-    async fn put(&self, lease: LeaseId) -> Result<(i64, i64)> {
+    async fn put(&self, lease: LeaseId) -> Result<(Revision, Revision)> {
         let latest = self.writes.lock().await;
         let metadata = if crate::planted::enabled(crate::planted::Bug::HealWritesFirstMetadata) {
             &self.config.metadata
@@ -365,7 +365,7 @@ impl Drop for HostRegistration {
 }
 
 /// A registered key: its session, and the key's create and mod revisions.
-type Held = (Session, (i64, i64));
+type Held = (Session, (Revision, Revision));
 
 /// Grants a lease, publishes it, then writes the key under it.
 async fn register(shared: &Shared) -> Result<Held> {
@@ -471,11 +471,15 @@ async fn run(shared: Arc<Shared>, first: Held, cancel: CancellationToken) {
 
 /// Follows the key while the session lives, putting it back if it is deleted under a live
 /// lease. Returns why the session ended.
-async fn hold(shared: &Shared, session: &Session, (created, modified): (i64, i64)) -> SessionEnd {
+async fn hold(
+    shared: &Shared,
+    session: &Session,
+    (created, modified): (Revision, Revision),
+) -> SessionEnd {
     let mut follow = Follow::new(
         shared.store.clone(),
         shared.config.key.clone().into_bytes(),
-        modified + 1,
+        modified.next(),
         Some((created, modified)),
     );
     loop {

@@ -55,7 +55,7 @@ pub async fn election_uncontested_campaign_wins(cx: Ctx) {
     assert_eq!(leader.key, format!("{name}/{:x}", id.0).as_bytes());
     assert_eq!(leader.lease, id);
     let kv = s.get_key(leader.key.to_vec()).await.unwrap().unwrap();
-    assert_eq!(kv.create_revision, leader.revision);
+    assert_eq!(kv.create_revision, leader.token);
     assert_eq!(kv.lease, id);
     let current = s.leader(&name).await.unwrap();
     assert_eq!(current.key, leader.key);
@@ -82,12 +82,12 @@ pub async fn election_queue_order_is_creation_order(cx: Ctx) {
     assert_eq!(s.leader(&name).await.unwrap().value, "a".as_bytes());
     s.resign(&a).await.unwrap();
     let b = within(PROMPT, "b to win", b).await.unwrap().unwrap();
-    assert!(b.revision > a.revision);
+    assert!(b.token > a.token);
     assert_eq!(s.leader(&name).await.unwrap().value, "b".as_bytes());
     assert_waiting(&c).await;
     s.resign(&b).await.unwrap();
     let c = within(PROMPT, "c to win", c).await.unwrap().unwrap();
-    assert!(c.revision > b.revision);
+    assert!(c.token > b.token);
     s.resign(&c).await.unwrap();
 }
 
@@ -102,7 +102,7 @@ pub async fn election_resign_is_idempotent(cx: Ctx) {
     assert!(matches!(s.leader(&name).await, Err(Error::NoLeader { .. })));
     // A newer incarnation of the same key must survive a stale resign.
     let again = s.campaign(&name, Bytes::from("b"), id).await.unwrap();
-    assert!(again.revision > leader.revision);
+    assert!(again.token > leader.token);
     s.resign(&leader).await.unwrap();
     assert_eq!(s.leader(&name).await.unwrap().value, "b".as_bytes());
     s.revoke(id).await.unwrap();
@@ -117,7 +117,7 @@ pub async fn election_proclaim_updates_value(cx: Ctx) {
     s.proclaim(&leader, Bytes::from("v2")).await.unwrap();
     let kv = s.leader(&name).await.unwrap();
     assert_eq!(kv.value, "v2".as_bytes());
-    assert_eq!(kv.create_revision, leader.revision);
+    assert_eq!(kv.create_revision, leader.token);
     assert_eq!(kv.lease, id);
     assert_eq!(kv.version, 2);
     s.revoke(id).await.unwrap();
@@ -131,7 +131,7 @@ pub async fn election_proclaim_by_non_leader_fails(cx: Ctx) {
     let id = lease(&cx).await;
     let leader = s.campaign(&name, Bytes::from("v1"), id).await.unwrap();
     let forged = LeaderKey {
-        revision: leader.revision + 1,
+        token: leader.token + 1,
         ..leader.clone()
     };
     let err = s.proclaim(&forged, Bytes::from("x")).await.unwrap_err();
@@ -217,7 +217,7 @@ pub async fn election_leader_expiry_hands_over(cx: Ctx) {
     .await
     .unwrap()
     .unwrap();
-    assert!(b.revision > a.revision);
+    assert!(b.token > a.token);
     assert_eq!(b.lease, b_id);
     s.revoke(b_id).await.unwrap();
 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use coord_api::LeaseId;
+use coord_api::{LeaseId, Revision};
 
 use crate::fault::{Fault, FaultKind};
 use crate::history::{Happening, History, Incarnation, Part};
@@ -14,7 +14,7 @@ use crate::history::{Happening, History, Incarnation, Part};
 pub(crate) struct Leading {
     pub who: Incarnation,
     pub election: String,
-    pub token: i64,
+    pub token: Revision,
     pub from: Duration,
     pub until: Duration,
     /// Ended by a crash rather than by the node.
@@ -72,7 +72,7 @@ impl Beliefs {
             heal: end,
             ..Beliefs::default()
         };
-        let mut leading: BTreeMap<(Incarnation, String), (i64, Duration)> = BTreeMap::new();
+        let mut leading: BTreeMap<(Incarnation, String), (Revision, Duration)> = BTreeMap::new();
         let mut registered: BTreeMap<Incarnation, (String, LeaseId, Duration)> = BTreeMap::new();
         let mut faults: Vec<(Fault, Duration)> = Vec::new();
         for r in &history.records {

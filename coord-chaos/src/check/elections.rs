@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use coord_api::KeyValue;
+use coord_api::{KeyValue, Revision};
 
 use super::{Invariant, Run, Violation};
 use crate::fault::FaultKind;
@@ -44,7 +44,7 @@ fn prefix(election: &str) -> String {
 /// the key went), and [`FencedWrites`] shows no write of it was accepted; it is excused here
 /// only when its key was already gone, at most one round trip before it began.
 pub(super) fn s1_tokens_grow(run: &Run<'_>, out: &mut Vec<Violation>) {
-    let mut last: std::collections::BTreeMap<&str, (i64, Incarnation)> = Default::default();
+    let mut last: std::collections::BTreeMap<&str, (Revision, Incarnation)> = Default::default();
     for r in &run.history.records {
         let Happening::LeaderStart {
             who,
@@ -125,7 +125,7 @@ impl FencedWrites {
     fn accepted<'r>(
         &'r self,
         run: &'r Run<'_>,
-    ) -> impl Iterator<Item = (Duration, i64, KeyValue)> + 'r {
+    ) -> impl Iterator<Item = (Duration, Revision, KeyValue)> + 'r {
         run.commits().iter().flat_map(move |c| {
             c.events
                 .iter()
@@ -143,9 +143,9 @@ impl Invariant for FencedWrites {
     }
 
     fn check(&self, run: &Run<'_>, out: &mut Vec<Violation>) {
-        let mut max = i64::MIN;
+        let mut max = Revision(i64::MIN);
         for (at, revision, kv) in self.accepted(run) {
-            let token = (self.token)(&kv.value);
+            let token = (self.token)(&kv.value).map(Revision);
             let leader = run.leader_at(&self.election, revision);
             let key = kv.key_str();
             match token {

@@ -20,6 +20,7 @@ mod watchers;
 use std::fmt;
 use std::time::Duration;
 
+use coord_api::Revision;
 use coord_sim::journal::Origin;
 
 pub(crate) use beliefs::{Beliefs, FaultSpan, PartStop};
@@ -153,7 +154,7 @@ impl<'a> Run<'a> {
 
     /// The election's leader as the store had it just after `revision`: its oldest key's
     /// create revision (the fencing token), if it had any candidate.
-    pub fn leader_at(&self, election: &str, revision: i64) -> Option<i64> {
+    pub fn leader_at(&self, election: &str, revision: Revision) -> Option<Revision> {
         self.truth.leader_at(election, revision)
     }
 
@@ -211,7 +212,7 @@ pub struct Believed {
     /// Who believed it.
     pub who: Incarnation,
     /// The fencing token.
-    pub token: i64,
+    pub token: Revision,
     /// When the belief began.
     pub from: Duration,
     /// When it ended.
@@ -284,7 +285,7 @@ pub fn check(
 }
 
 /// The time a revision was committed.
-pub(crate) fn time_of(run: &Run<'_>, revision: i64) -> Duration {
+pub(crate) fn time_of(run: &Run<'_>, revision: Revision) -> Duration {
     run.truth
         .revision_at
         .get(&revision)

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use coord_api::{Event, EventKind, LeaseId};
+use coord_api::{Event, EventKind, LeaseId, Revision};
 use coord_sim::journal::{Entry, Origin};
 
 use crate::coord_node::HOSTS;
@@ -14,7 +14,7 @@ use crate::history::{Happening, History, Incarnation};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Live {
     pub lease: LeaseId,
-    pub create_revision: i64,
+    pub create_revision: Revision,
     pub value: String,
 }
 
@@ -22,17 +22,17 @@ pub(crate) struct Live {
 #[derive(Debug, Clone)]
 pub(crate) struct Deletion {
     pub at: Duration,
-    pub revision: i64,
+    pub revision: Revision,
     pub key: String,
     pub lease: LeaseId,
-    pub create_revision: i64,
+    pub create_revision: Revision,
     pub origin: Origin,
 }
 
 /// A host appearing or disappearing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Transition {
-    pub revision: i64,
+    pub revision: Revision,
     pub up: bool,
 }
 
@@ -41,8 +41,8 @@ pub(crate) struct Transition {
 pub(crate) struct LeaderSpan {
     pub from: Duration,
     /// The revision that made it leader.
-    pub revision: i64,
-    pub token: Option<i64>,
+    pub revision: Revision,
+    pub token: Option<Revision>,
 }
 
 /// One committed write transaction.
@@ -51,7 +51,7 @@ pub struct Commit {
     /// When.
     pub at: Duration,
     /// Its revision.
-    pub revision: i64,
+    pub revision: Revision,
     /// Who made it.
     pub origin: Origin,
     /// What changed.
@@ -62,7 +62,7 @@ pub struct Commit {
 #[derive(Debug, Default)]
 pub(crate) struct Truth {
     /// Hosts (with their metadata) present after each revision that changed them.
-    hosts_at: BTreeMap<i64, BTreeMap<String, String>>,
+    hosts_at: BTreeMap<Revision, BTreeMap<String, String>>,
     /// Per host, its transitions in revision order.
     pub transitions: BTreeMap<String, Vec<Transition>>,
     pub deletions: Vec<Deletion>,
@@ -83,7 +83,7 @@ pub(crate) struct Truth {
     /// Client id to incarnation.
     pub clients: BTreeMap<u64, Incarnation>,
     /// The time each revision was committed.
-    pub revision_at: BTreeMap<i64, Duration>,
+    pub revision_at: BTreeMap<Revision, Duration>,
     /// Live keys over time, for "which keys did this lease hold at t".
     pub key_spans: Vec<KeySpan>,
 }
@@ -93,7 +93,7 @@ pub(crate) struct Truth {
 pub(crate) struct KeySpan {
     pub key: String,
     pub lease: LeaseId,
-    pub create_revision: i64,
+    pub create_revision: Revision,
     pub from: Duration,
     pub until: Option<Duration>,
 }
@@ -116,7 +116,7 @@ impl Truth {
             .collect();
         let mut keys: BTreeMap<String, Live> = BTreeMap::new();
         let mut open_spans: BTreeMap<String, usize> = BTreeMap::new();
-        t.hosts_at.insert(0, BTreeMap::new());
+        t.hosts_at.insert(Revision::ZERO, BTreeMap::new());
         for r in &history.records {
             match &r.what {
                 Happening::Started { who, client } => {
@@ -239,7 +239,7 @@ impl Truth {
     }
 
     /// Records a host appearing or disappearing, if `key` is a host's; says whether it was.
-    fn host_transition(&mut self, key: &str, revision: i64, up: bool) -> bool {
+    fn host_transition(&mut self, key: &str, revision: Revision, up: bool) -> bool {
         let Some(host) = key.strip_prefix(HOSTS) else {
             return false;
         };
@@ -251,7 +251,7 @@ impl Truth {
     }
 
     /// The hosts registered at `revision`, with their metadata.
-    pub(crate) fn hosts_at(&self, revision: i64) -> &BTreeMap<String, String> {
+    pub(crate) fn hosts_at(&self, revision: Revision) -> &BTreeMap<String, String> {
         self.hosts_at
             .range(..=revision)
             .next_back()
@@ -260,7 +260,7 @@ impl Truth {
     }
 
     /// The election's leader (the oldest key's create revision) as of `revision`.
-    pub(crate) fn leader_at(&self, election: &str, revision: i64) -> Option<i64> {
+    pub(crate) fn leader_at(&self, election: &str, revision: Revision) -> Option<Revision> {
         self.leaders
             .get(election)?
             .iter()

@@ -5,6 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use coord_api::Revision;
+
 use super::elections::{heal_bound, live_at_end};
 use super::{time_of, Run, Violation};
 use crate::coord_node::HOSTS;
@@ -17,15 +19,15 @@ use crate::history::{Emitted, Happening, Incarnation};
 pub(super) fn s4_s5_watchers(run: &Run<'_>, out: &mut Vec<Violation>) {
     #[derive(Default)]
     struct W {
-        revision: i64,
+        revision: Revision,
         up: BTreeSet<String>,
-        seen: BTreeSet<(String, i64, bool)>,
-        streamed: BTreeSet<(String, i64, bool)>,
-        covered: Vec<(i64, i64)>,
-        first: Option<i64>,
-        views: Vec<i64>,
+        seen: BTreeSet<(String, Revision, bool)>,
+        streamed: BTreeSet<(String, Revision, bool)>,
+        covered: Vec<(Revision, Revision)>,
+        first: Option<Revision>,
+        views: Vec<Revision>,
         /// The revision of the last event it emitted.
-        emitted: i64,
+        emitted: Revision,
     }
     let mut ws: BTreeMap<Incarnation, W> = BTreeMap::new();
     for r in &run.history.records {
@@ -117,7 +119,7 @@ pub(super) fn s4_s5_watchers(run: &Run<'_>, out: &mut Vec<Violation>) {
                             .rev()
                             .find(|r| **r < *rev)
                             .copied()
-                            .unwrap_or(0);
+                            .unwrap_or(Revision::ZERO);
                         w.covered.push((before, *rev));
                     }
                 }

@@ -503,12 +503,12 @@ impl EtcdCluster {
     }
 
     /// Compacts the store at `revision` (as `etcdctl compact` does).
-    pub async fn compact(&self, revision: i64) -> coord_api::Result<()> {
+    pub async fn compact(&self, revision: coord_api::Revision) -> coord_api::Result<()> {
         self.store().await.compact(revision).await
     }
 
     /// Revokes a lease from outside the client that holds it (as `etcdctl lease revoke` does).
-    pub async fn revoke(&self, lease: LeaseId) -> coord_api::Result<i64> {
+    pub async fn revoke(&self, lease: LeaseId) -> coord_api::Result<coord_api::Revision> {
         self.store().await.revoke(lease).await
     }
 }

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use coord_api::{
     Compare, CompareOp, CompareTarget, DeleteRequest, DeleteResponse, Error, Event, EventKind,
-    GetRequest, GetResponse, KeyRange, KeyValue, LeaseId, PutRequest, PutResponse, TxnOp,
+    GetRequest, GetResponse, KeyRange, KeyValue, LeaseId, PutRequest, PutResponse, Revision, TxnOp,
     TxnOpResponse, TxnRequest, TxnResponse,
 };
 use etcd_client::proto::{
@@ -15,11 +15,11 @@ use etcd_client::proto::{
 use tonic::Status;
 
 /// A response header at `revision`, from the one member there is.
-pub(crate) fn header(revision: i64) -> Option<PbResponseHeader> {
+pub(crate) fn header(revision: Revision) -> Option<PbResponseHeader> {
     Some(PbResponseHeader {
         cluster_id: 0x5151,
         member_id: 1,
-        revision,
+        revision: revision.get(),
         raft_term: 1,
     })
 }
@@ -51,7 +51,7 @@ pub(crate) fn get(r: PbRangeRequest) -> Result<GetRequest, Status> {
     }
     Ok(GetRequest {
         range: range(r.key, r.range_end)?,
-        revision: positive(r.revision),
+        revision: positive(r.revision).map(Revision),
         limit: positive(r.limit).map(|l| l as u64),
     })
 }
@@ -59,8 +59,8 @@ pub(crate) fn get(r: PbRangeRequest) -> Result<GetRequest, Status> {
 pub(crate) fn kv(kv: KeyValue) -> PbKeyValue {
     PbKeyValue {
         key: kv.key.to_vec(),
-        create_revision: kv.create_revision,
-        mod_revision: kv.mod_revision,
+        create_revision: kv.create_revision.get(),
+        mod_revision: kv.mod_revision.get(),
         version: kv.version,
         value: kv.value.to_vec(),
         lease: kv.lease.0,
@@ -126,8 +126,8 @@ fn compare(c: PbCompare) -> Result<Compare, Status> {
     };
     let target = match c.target_union {
         Some(PbTargetUnion::Version(v)) => CompareTarget::Version(v),
-        Some(PbTargetUnion::CreateRevision(v)) => CompareTarget::CreateRevision(v),
-        Some(PbTargetUnion::ModRevision(v)) => CompareTarget::ModRevision(v),
+        Some(PbTargetUnion::CreateRevision(v)) => CompareTarget::CreateRevision(Revision(v)),
+        Some(PbTargetUnion::ModRevision(v)) => CompareTarget::ModRevision(Revision(v)),
         Some(PbTargetUnion::Value(v)) => CompareTarget::Value(Bytes::from(v)),
         Some(PbTargetUnion::Lease(v)) => CompareTarget::Lease(LeaseId(v)),
         None => return Err(Status::invalid_argument("a compare without a target")),

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use coord_api::{KvLeaseStore, LeaseId, WatchRequest};
+use coord_api::{KvLeaseStore, LeaseId, Revision, WatchRequest};
 use etcd_client::proto::*;
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
@@ -152,7 +152,7 @@ impl PbKvService for EtcdService {
     async fn compact(&self, request: Request<PbCompactionRequest>) -> Reply<PbCompactionResponse> {
         let store = self.client(&request);
         let rev = request.into_inner().revision;
-        store.compact(rev).await.map_err(status)?;
+        store.compact(Revision(rev)).await.map_err(status)?;
         Ok(Response::new(PbCompactionResponse {
             header: header(self.store.revision()),
         }))
@@ -312,7 +312,7 @@ async fn serve_watches(store: SimStore, mut requests: Streaming<PbWatchRequest>,
                 };
                 let req = WatchRequest {
                     range,
-                    start_revision: (c.start_revision > 0).then_some(c.start_revision),
+                    start_revision: (c.start_revision > 0).then_some(Revision(c.start_revision)),
                     prev_kv: c.prev_kv,
                     progress_notify: c.progress_notify,
                 };
@@ -375,7 +375,7 @@ async fn forward(id: i64, mut stream: coord_api::WatchStream, out: Out) {
                     header: header(compact_revision),
                     watch_id: id,
                     canceled: true,
-                    compact_revision,
+                    compact_revision: compact_revision.get(),
                     cancel_reason: convert::COMPACTED.to_owned(),
                     ..Default::default()
                 }));
@@ -401,9 +401,9 @@ impl PbMaintenanceService for EtcdService {
             header: header(self.store.revision()),
             version: "3.4.23 (coord-sim)".to_owned(),
             leader: 1,
-            raft_index: self.store.revision() as u64,
+            raft_index: self.store.revision().get() as u64,
             raft_term: 1,
-            raft_applied_index: self.store.revision() as u64,
+            raft_applied_index: self.store.revision().get() as u64,
             ..Default::default()
         }))
     }
