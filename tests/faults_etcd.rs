@@ -693,3 +693,70 @@ async fn the_raft_leader_of_three_killed_with_hosts_and_an_election() {
         leaders.count()
     );
 }
+
+/// A service that starts while etcd is down (the store connected lazily, its registration
+/// and candidate spawned) comes up once etcd answers: registered, and leading, within the
+/// backoff's reach of the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_started_while_etcd_is_down_comes_up_when_it_answers() {
+    use coord_api::recipes::{
+        Candidate, CandidateConfig, CandidateStatus, ElectionPool, HostSession, Term,
+    };
+    let (cluster, observer) = single().await;
+    cluster.kill(0);
+    let store: Arc<DynKvLeaseStore> =
+        Arc::new(EtcdStore::connect_lazy(cluster.config()).expect("a valid configuration"));
+    let host = HostSession::new(store.clone(), SessionConfig::default().with_ttl(TTL));
+    let reg = HostRegistration::spawn_on(&host, register("a")).unwrap();
+    let pool = ElectionPool::on(&host);
+    let candidate = Candidate::spawn(
+        &pool,
+        CandidateConfig::new("jobs", "a")
+            .with_backoff(Duration::from_millis(100), Duration::from_secs(1)),
+        |term: Term| async move { term.over().await },
+    );
+    // Down for longer than a TTL: nothing comes up, nothing gives up.
+    tokio::time::sleep(TTL * 2).await;
+    assert_eq!(reg.status(), RegistrationStatus::Registering);
+    assert_eq!(candidate.status(), CandidateStatus::Campaigning);
+    let restarted = Instant::now();
+    cluster.restart(0).await.expect("etcd restarts");
+    let ready = restarted.elapsed();
+    // The registration's backoff is capped at 1 s here, the candidate's too; a call that
+    // was sent while etcd was down waits for the request timeout (5 s by default).
+    let bound = ready + Duration::from_secs(5) + Duration::from_secs(1) + SLACK;
+    let mut status = reg.subscribe();
+    within(
+        bound,
+        "the registration",
+        status.wait_for(|s| matches!(s, RegistrationStatus::Registered { .. })),
+    )
+    .await
+    .unwrap();
+    within(
+        bound,
+        "the candidate's term",
+        candidate
+            .subscribe()
+            .wait_for(|s| matches!(s, CandidateStatus::Leading { .. })),
+    )
+    .await
+    .unwrap();
+    println!(
+        "registered and leading {:?} after the restart (etcd ready after {ready:?})",
+        restarted.elapsed()
+    );
+    let key = observer
+        .get_key("hosts/a")
+        .await
+        .unwrap()
+        .expect("registered");
+    assert_eq!(
+        observer.leader("jobs").await.unwrap().lease,
+        key.lease,
+        "one lease for both"
+    );
+    candidate.stop().await.unwrap();
+    reg.stop().await.unwrap();
+    host.stop().await.unwrap();
+}

@@ -430,3 +430,65 @@ async fn a_pending_withdrawal_never_deletes_the_next_campaigns_key() {
         Some(lead.token())
     );
 }
+
+/// A host that registers and runs candidates on one `HostSession` holds one lease: the
+/// store's journal shows one grant, and every key of the host under it.
+#[tokio::test(start_paused = true)]
+async fn a_host_that_registers_and_leads_holds_one_lease() {
+    use coord_api::recipes::{
+        Candidate, CandidateConfig, CandidateStatus, ElectionPool, HostSession, Term,
+    };
+    use coord_sim::journal::{Entry, Origin};
+    let sim = SimStore::new();
+    let grants: Arc<std::sync::Mutex<Vec<(coord_api::LeaseId, Origin)>>> = Arc::default();
+    let seen = grants.clone();
+    sim.on_journal(move |_, e| {
+        if let Entry::Grant { lease, origin, .. } = e {
+            seen.lock().unwrap().push((lease, origin));
+        }
+    });
+    let client = sim.connect();
+    let host = HostSession::new(dyn_store(&client), SessionConfig::default().with_ttl(TTL));
+    let reg = HostRegistration::start_on(&host, RegistrationConfig::new("hosts/a", "m"))
+        .await
+        .unwrap();
+    let pool = ElectionPool::on(&host);
+    let work = |term: Term| async move { term.over().await };
+    let candidates: Vec<Candidate> = ["e0", "e1"]
+        .into_iter()
+        .map(|e| Candidate::spawn(&pool, CandidateConfig::new(e, "a"), work))
+        .collect();
+    for c in &candidates {
+        within(
+            TTL,
+            "a term",
+            c.subscribe()
+                .wait_for(|s| matches!(s, CandidateStatus::Leading { .. })),
+        )
+        .await
+        .unwrap();
+    }
+    // Renewals over several TTLs: still the one lease.
+    tokio::time::sleep(TTL * 3).await;
+    let grants = grants.lock().unwrap().clone();
+    assert_eq!(grants.len(), 1, "one lease for the whole host: {grants:?}");
+    let (lease, origin) = grants[0];
+    assert_eq!(origin, Origin::Client(client.client_id()));
+    assert_eq!(sim.get_key("hosts/a").await.unwrap().unwrap().lease, lease);
+    for e in ["e0", "e1"] {
+        assert_eq!(
+            sim.leader(e).await.unwrap().lease,
+            lease,
+            "the leader key of {e}"
+        );
+    }
+    for c in candidates {
+        c.stop().await.unwrap();
+    }
+    reg.stop().await.unwrap();
+    host.stop().await.unwrap();
+    assert!(matches!(
+        sim.time_to_live(lease).await,
+        Err(Error::LeaseNotFound { .. })
+    ));
+}

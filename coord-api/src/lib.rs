@@ -57,7 +57,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod election;
+mod campaign;
 mod error;
 pub mod planted;
 pub mod recipes;
@@ -71,7 +71,7 @@ pub mod validate;
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod testkit;
 
-pub use election::{candidate_key, LeaderKey};
+pub use campaign::{candidate_key, LeaderKey};
 pub use error::{BoxError, Error, ErrorClass, Result};
 pub use request::{
     Compare, CompareOp, CompareTarget, DeleteRequest, DeleteResponse, GetRequest, GetResponse,

@@ -53,11 +53,14 @@ pub enum Bug {
     /// The cluster watcher emits a batch's events before it publishes the view they
     /// explain. Caught by C1 when schedules are explored.
     WatcherEmitsBeforePublish,
+    /// A candidate that loses its term campaigns again without waiting for the term's work
+    /// to stop: the old term's work runs on beside the next one's. Caught by W1.
+    CandidateSkipsWorkWait,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 13] = [
+    pub const ALL: [Bug; 14] = [
         Bug::CampaignSkipsOwnKeyCheck,
         Bug::WatcherResumesFromNow,
         Bug::WatcherIgnoresCompaction,
@@ -71,6 +74,7 @@ impl Bug {
         Bug::HealWritesFirstMetadata,
         Bug::RegrantOnClosedStream,
         Bug::WatcherEmitsBeforePublish,
+        Bug::CandidateSkipsWorkWait,
     ];
 
     /// A stable name for command lines and reports.
@@ -89,6 +93,7 @@ impl Bug {
             Bug::HealWritesFirstMetadata => "heal-writes-first-metadata",
             Bug::RegrantOnClosedStream => "regrant-on-closed-stream",
             Bug::WatcherEmitsBeforePublish => "watcher-emits-before-publish",
+            Bug::CandidateSkipsWorkWait => "candidate-skips-work-wait",
         }
     }
 

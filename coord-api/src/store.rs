@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 
-use crate::election::{self, LeaderKey};
+use crate::campaign::{self, LeaderKey};
 use crate::error::Result;
 use crate::request::{
     DeleteRequest, DeleteResponse, GetRequest, GetResponse, LeaseGrant, LeaseTimeToLive,
@@ -194,7 +194,7 @@ pub trait KvLeaseStore: fmt::Debug + Send + Sync + 'static {
     /// [`LeaseNotFound`](crate::Error::LeaseNotFound) when the lease is gone to begin with;
     /// [`CandidacyLost`](crate::Error::CandidacyLost) as above.
     async fn campaign(&self, name: &str, value: Bytes, lease: LeaseId) -> Result<LeaderKey> {
-        election::campaign(self, name, value, lease).await
+        campaign::campaign(self, name, value, lease).await
     }
 
     /// Replaces the leader's value, only if `leader` still leads (its key still has the same
@@ -203,7 +203,7 @@ pub trait KvLeaseStore: fmt::Debug + Send + Sync + 'static {
     /// # Errors
     /// [`NotLeader`](crate::Error::NotLeader) otherwise.
     async fn proclaim(&self, leader: &LeaderKey, value: Bytes) -> Result<()> {
-        election::proclaim(self, leader, value).await
+        campaign::proclaim(self, leader, value).await
     }
 
     /// The current leader's key and value: the candidate with the lowest create revision.
@@ -211,20 +211,20 @@ pub trait KvLeaseStore: fmt::Debug + Send + Sync + 'static {
     /// # Errors
     /// [`NoLeader`](crate::Error::NoLeader) when there is no candidate.
     async fn leader(&self, name: &str) -> Result<KeyValue> {
-        election::leader(self, name).await
+        campaign::leader(self, name).await
     }
 
     /// Streams the election's leader: the current one first (once there is one), then each
     /// new leader and each proclaimed value. Like etcd's, it reports the leader as it sees it
     /// when it looks, not every intermediate leader.
     async fn observe(&self, name: &str) -> Result<LeaderStream> {
-        election::observe(self.shared(), name)
+        campaign::observe(self.shared(), name)
     }
 
     /// Gives up leadership (or a place in the queue) by deleting the key, only if it is still
     /// this one (same create revision). Resigning twice, or after the key is gone, is `Ok`.
     async fn resign(&self, leader: &LeaderKey) -> Result<()> {
-        election::resign(self, leader).await
+        campaign::resign(self, leader).await
     }
 }
 

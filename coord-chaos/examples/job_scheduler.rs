@@ -1,8 +1,8 @@
 //! A job scheduler under chaos: how to test your own service with coord-chaos.
 //!
-//! Every node campaigns to lead the election `scheduler`. The leader works through jobs 0, 1,
-//! 2... in order, writing each job's result to `results/job-<n>` (as `<token>:<n>`) only if
-//! that job has no result yet, through its leadership's fence, so that a leader that was
+//! Every node runs a `Candidate` for the election `scheduler`. In each term it wins, its work
+//! goes through jobs 0, 1, 2... in order, writing each job's result to `results/job-<n>` (as
+//! `<token>:<n>`) only if that job has no result yet, through the term's fence, so that a leader that was
 //! paused or cut off and deposed meanwhile cannot write. It promises three things, checked
 //! over every run's history besides coord's generic invariants:
 //!
@@ -22,7 +22,7 @@
 
 use std::time::Duration;
 
-use coord_api::recipes::{Election, Leadership, Session, SessionConfig};
+use coord_api::recipes::{Candidate, CandidateConfig, ElectionPool, SessionConfig, Term};
 use coord_api::{
     Compare, CompareOp, Error, EventKind, GetRequest, KvLeaseStore, PutRequest, TxnRequest,
 };
@@ -72,37 +72,33 @@ fn result_key(job: u64) -> String {
     format!("{RESULTS}job-{job:06}")
 }
 
-/// One incarnation: campaign, work while leading, campaign again.
+/// One incarnation: a candidate whose work, in each term, works through the jobs.
 async fn run(node: Node, fenced: bool) {
-    let config = SessionConfig::default().with_ttl(node.scenario().ttl);
-    while !node.is_stopping() {
-        let session = tokio::select! {
-            _ = node.stopping() => return,
-            s = Session::new(node.store().clone(), config.clone()) => s,
-        };
-        let Ok(session) = session else {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            continue;
-        };
-        let election = Election::new(&session, ELECTION);
-        let won = tokio::select! {
-            _ = node.stopping() => return,
-            won = election.campaign(node.who().to_string()) => won,
-        };
-        let Ok(lead) = won else {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            continue;
-        };
-        node.leader_start(ELECTION, lead.token());
-        work(&node, &lead, fenced).await;
-        let stopping = node.is_stopping();
-        node.leader_end(ELECTION, lead.token(), stopping);
-        if stopping {
-            let _ = lead.resign().await;
-            let _ = session.stop().await;
-            return;
-        }
-    }
+    let pool = ElectionPool::new(
+        node.store().clone(),
+        SessionConfig::default().with_ttl(node.scenario().ttl),
+    );
+    let observer = node.clone();
+    let candidate = Candidate::spawn(
+        &pool,
+        CandidateConfig::new(ELECTION, node.who().to_string()),
+        move |term: Term| {
+            let node = observer.clone();
+            async move {
+                node.leader_start(ELECTION, term.token());
+                let _work = node.work_started(ELECTION, term.token());
+                tokio::select! {
+                    _ = term.over() => {}
+                    _ = jobs(&node, &term, fenced) => {}
+                }
+                node.leader_end(ELECTION, term.token(), term.loss().is_none());
+            }
+        },
+    );
+    node.stopping().await;
+    // The term's work ends, the leadership is handed over, the lease revoked.
+    let _ = candidate.stop().await;
+    let _ = pool.stop().await;
 }
 
 /// The first job without a result.
@@ -111,17 +107,9 @@ async fn first_unfinished(node: &Node) -> Option<u64> {
     Some(done.count)
 }
 
-/// Works through the jobs while leading; returns the moment the leadership is lost, whatever
-/// it is doing (a write it abandons may still land: the fence judges it).
-async fn work(node: &Node, lead: &Leadership, fenced: bool) {
-    tokio::select! {
-        _ = lead.lost() => {}
-        _ = node.stopping() => {}
-        _ = jobs(node, lead, fenced) => {}
-    }
-}
-
-async fn jobs(node: &Node, lead: &Leadership, fenced: bool) {
+/// Works through the jobs; the candidate drops it the moment the term is over, whatever it is
+/// doing (a write it abandons may still land: the fence judges it).
+async fn jobs(node: &Node, term: &Term, fenced: bool) {
     let Some(mut next) = first_unfinished(node).await else {
         return;
     };
@@ -134,9 +122,9 @@ async fn jobs(node: &Node, lead: &Leadership, fenced: bool) {
         let key = result_key(next);
         let txn = TxnRequest::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([PutRequest::new(key, format!("{}:{next}", lead.token()))]);
+            .and_then([PutRequest::new(key, format!("{}:{next}", term.token()))]);
         let written = if fenced {
-            lead.txn(txn).await
+            term.txn(txn).await
         } else {
             node.store().txn(txn).await
         };

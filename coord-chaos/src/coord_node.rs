@@ -1,15 +1,17 @@
-//! coord's own service: each node registers itself (and changes its metadata now and then),
-//! campaigns in every election and writes through the fence while it leads, and (on the first
-//! nodes) follows the cluster. Every belief and output is recorded as it changes; every
-//! consumer reads the recipe's state at each event it gets and records what disagrees. The
-//! `stop` fault stops one of its parts for a while: the registration, the pool, a leadership.
+//! coord's own service: each node holds one lease (a `HostSession`), registers itself under
+//! it (and changes its metadata now and then), runs a `Candidate` in every election on it
+//! whose work writes through the fence while it leads, and (on the first nodes) follows the
+//! cluster. Every belief and output is recorded as it changes; every consumer reads the
+//! recipe's state at each event it gets and records what disagrees. The `stop` fault stops
+//! one of its parts for a while: the registration, the pool, a candidate.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use coord_api::recipes::{
-    ClusterEvent, ClusterView, ClusterWatcher, ClusterWatcherConfig, ElectionPool,
-    HostRegistration, Leadership, RegistrationConfig, RegistrationStatus, SessionConfig,
+    Candidate, CandidateConfig, ClusterEvent, ClusterView, ClusterWatcher, ClusterWatcherConfig,
+    ElectionPool, HostRegistration, HostSession, RegistrationConfig, RegistrationStatus,
+    SessionConfig, Term,
 };
 use coord_api::sync::watch;
 use coord_api::{Error, PutRequest, TxnRequest};
@@ -86,12 +88,16 @@ impl Service for CoordService {
 async fn run(node: Node) {
     let mut rng = Rng::new(node.seed());
     let mut parts = node.take_part_stops().expect("the node's own");
-    let Some(mut registration) = Registration::start(&node, 0).await else {
-        return;
-    };
+    let s = node.scenario();
+    let mut config = SessionConfig::default().with_ttl(s.ttl);
+    if let Some(every) = s.renew_interval {
+        config = config.with_renew_interval(every);
+    }
+    let host = HostSession::new(node.store().clone(), config);
+    let mut registration = Registration::start(&node, &host, 0);
     let watcher = (node.who().node < node.scenario().watchers)
         .then(|| tokio::spawn(follow_watcher(node.clone())));
-    let mut pool = Some(Pool::start(&node, &mut rng));
+    let mut pool = Some(Pool::start(&node, &host, &mut rng));
     let mut next_metadata = Instant::now() + metadata_period(&mut rng, node.scenario());
     let mut generation = 0;
     let mut registration_back: Option<Instant> = None;
@@ -116,33 +122,37 @@ async fn run(node: Node) {
             },
             _ = sleep_until(next_metadata), if registration.is_running() => {
                 generation += 1;
-                registration.update(&node, generation).await;
+                // An update waits up to the request timeout when the store is slow; a stop
+                // (the rolling restart's new incarnation is up) must not wait for it.
+                tokio::select! {
+                    biased;
+                    _ = node.stopping() => break,
+                    _ = registration.update(&node, generation) => {}
+                }
                 next_metadata = Instant::now() + metadata_period(&mut rng, node.scenario());
             }
             _ = sleep_until(registration_back.unwrap_or_else(far)), if registration_back.is_some() => {
                 registration_back = None;
                 node.record(Happening::PartStarted { who: node.who(), part: Part::Registration });
-                match Registration::start(&node, generation).await {
-                    Some(r) => registration = r,
-                    None => break,
-                }
+                registration = Registration::start(&node, &host, generation);
             }
             _ = sleep_until(pool_back.unwrap_or_else(far)), if pool_back.is_some() => {
                 pool_back = None;
                 node.record(Happening::PartStarted { who: node.who(), part: Part::Pool });
-                pool = Some(Pool::start(&node, &mut rng));
+                pool = Some(Pool::start(&node, &host, &mut rng));
             }
         }
     }
     node.record(Happening::Stopping(node.who()));
     let mut clean = true;
-    // The campaign loops resign first, so the pool is idle when it closes.
+    // The candidates resign first, then the registration's key goes, then the host's lease.
     if let Some(p) = pool {
         clean &= p.stop().await.is_ok();
     }
     if let Some(r) = registration.take_running().await {
         clean &= r.stop().await.is_ok();
     }
+    clean &= host.stop().await.is_ok();
     if let Some(w) = watcher {
         let _ = w.await;
     }
@@ -182,29 +192,17 @@ enum Registration {
 }
 
 impl Registration {
-    /// Registers (with metadata of `generation`), retrying until it works or the node stops.
-    async fn start(node: &Node, generation: u64) -> Option<Registration> {
+    /// Registers (with metadata of `generation`) on the host's session, in the background:
+    /// the registration comes up whenever the store answers.
+    fn start(node: &Node, host: &HostSession, generation: u64) -> Registration {
         let s = node.scenario();
         let config =
             RegistrationConfig::new(host_key(node.who().node), metadata(node.who(), generation))
-                .with_ttl(s.ttl)
                 .with_backoff(s.initial_backoff, s.max_backoff)
                 .with_backoff_seed(node.seed());
-        let mut retry = Rng::new(node.seed() ^ generation);
-        loop {
-            tokio::select! {
-                biased;
-                _ = node.stopping() => return None,
-                r = HostRegistration::start(node.store().clone(), config.clone()) => match r {
-                    Ok(reg) => {
-                        let reg = Arc::new(reg);
-                        let follower = tokio::spawn(follow_registration(node.clone(), reg.clone()));
-                        return Some(Registration::Running(reg, follower));
-                    }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(retry.between(100, 400))).await,
-                },
-            }
-        }
+        let reg = Arc::new(HostRegistration::spawn_on(host, config).expect("a valid key"));
+        let follower = tokio::spawn(follow_registration(node.clone(), reg.clone()));
+        Registration::Running(reg, follower)
     }
 
     fn is_running(&self) -> bool {
@@ -330,8 +328,7 @@ async fn follow_watcher(node: Node) {
             biased;
             _ = node.stopping() => {
                 // What the view already holds was emitted too: read it to the end.
-                watcher.stop().await;
-                while let Some(event) = watcher.next().await {
+                for event in watcher.stop().await {
                     node.record(Happening::Emitted(node.who(), emitted(event)));
                 }
                 return;
@@ -396,9 +393,9 @@ fn emitted(e: ClusterEvent) -> Emitted {
     }
 }
 
-/// The node's election pool and a campaign loop per election.
+/// The node's election pool, on the host's session, and a candidate per election.
 struct Pool {
-    pool: Arc<ElectionPool>,
+    pool: ElectionPool,
     loops: JoinSet<()>,
     stop: CancellationToken,
     /// Per election: resign now, then wait this long before campaigning again.
@@ -406,20 +403,15 @@ struct Pool {
 }
 
 impl Pool {
-    fn start(node: &Node, rng: &mut Rng) -> Pool {
-        let s = node.scenario();
-        let mut config = SessionConfig::default().with_ttl(s.ttl);
-        if let Some(every) = s.renew_interval {
-            config = config.with_renew_interval(every);
-        }
-        let pool = Arc::new(ElectionPool::new(node.store().clone(), config));
+    fn start(node: &Node, host: &HostSession, rng: &mut Rng) -> Pool {
+        let pool = ElectionPool::on(host);
         let stop = CancellationToken::new();
         let mut loops = JoinSet::new();
         let mut resign = Vec::new();
-        for e in 0..s.elections {
+        for e in 0..node.scenario().elections {
             let signal = Arc::new(watch::Sender::new(None));
             resign.push(signal.clone());
-            loops.spawn(campaign_loop(
+            loops.spawn(candidacy(
                 node.clone(),
                 pool.clone(),
                 e,
@@ -443,124 +435,92 @@ impl Pool {
         }
     }
 
-    /// Stops campaigning (each loop resigns what it leads), then closes the pool (its session
-    /// revoked).
+    /// Stops the candidates (each resigns what it leads), then the pool (its candidate keys
+    /// deleted; the host's lease lives on).
     async fn stop(mut self) -> coord_api::Result<()> {
         self.stop.cancel();
         while self.loops.join_next().await.is_some() {}
-        self.pool.close().await
+        self.pool.stop().await
     }
 }
 
-/// Campaigns in election `e` until stopped; leads while it can.
-async fn campaign_loop(
+/// Runs a candidate in election `e` until stopped; when told to resign, stops it for a while.
+async fn candidacy(
     node: Node,
-    pool: Arc<ElectionPool>,
+    pool: ElectionPool,
     e: usize,
     mut rng: Rng,
     stop: CancellationToken,
     resign: Arc<watch::Sender<Option<PartStopRequest>>>,
 ) {
     let name = election_name(e);
-    let mut resign_rx = resign.subscribe();
+    let mut told = resign.subscribe();
+    let _ = told.get_and_update();
+    let s = node.scenario();
+    let config = CandidateConfig::new(name.clone(), node.who().to_string())
+        .with_backoff(s.initial_backoff, s.max_backoff);
     loop {
-        let won = tokio::select! {
+        let candidate = Candidate::spawn(&pool, config.clone(), work(node.clone(), e, rng.fork()));
+        let req = loop {
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => {
+                    let _ = candidate.stop().await;
+                    return;
+                }
+                changed = told.changed() => {
+                    if changed.is_err() {
+                        continue;
+                    }
+                    // A candidate that leads is told to hand over; one still campaigning is
+                    // left alone.
+                    if let Some(req) = told.get().filter(|_| candidate.is_leader()) {
+                        break req;
+                    }
+                }
+            }
+        };
+        let part = Part::Leadership(name.clone());
+        stop_part(&node, part.clone(), candidate.stop()).await;
+        tokio::select! {
             biased;
             _ = stop.cancelled() => return,
-            _ = node.stopping() => return,
-            r = pool.campaign(&name, node.who().to_string()) => r,
-        };
-        match won {
-            Ok(leadership) => {
-                let token = leadership.token();
-                if !leadership.is_leader() {
-                    node.record(Happening::Inconsistent {
-                        who: node.who(),
-                        detail: format!("campaign in {name} returned a leadership (token {token}) that is not leading: {:?}", leadership.loss()),
-                    });
-                }
-                node.leader_start(&name, token);
-                let ended = lead(&node, &leadership, e, &mut rng, &stop, &mut resign_rx).await;
-                // A node that resigns stops believing before it asks the store to delete its
-                // key (the delete may apply long before its reply arrives, if ever).
-                let resigned = !matches!(ended, Ended::Lost);
-                node.leader_end(&name, token, resigned);
-                match ended {
-                    Ended::Lost => {}
-                    Ended::Resigned => {
-                        let _ = leadership.resign().await;
-                        if stop.is_cancelled() || node.is_stopping() {
-                            return;
-                        }
-                        // After handing over, let someone else win.
-                        tokio::time::sleep(node.scenario().ttl).await;
-                    }
-                    Ended::Told(req) => {
-                        let part = Part::Leadership(name.clone());
-                        stop_part(&node, part.clone(), leadership.resign()).await;
-                        tokio::select! {
-                            biased;
-                            _ = stop.cancelled() => return,
-                            _ = tokio::time::sleep(req.length) => {}
-                        }
-                        node.record(Happening::PartStarted {
-                            who: node.who(),
-                            part,
-                        });
-                    }
-                }
-            }
-            Err(_) => {
-                let delay = Duration::from_millis(rng.between(100, 500));
-                tokio::time::sleep(delay).await;
-            }
+            _ = tokio::time::sleep(req.length) => {}
         }
+        node.record(Happening::PartStarted {
+            who: node.who(),
+            part,
+        });
     }
 }
 
-/// How a leadership ended.
-enum Ended {
-    /// Lost (deadline, key deleted, fenced out).
-    Lost,
-    /// Resigned: on stop, or now and then to hand over.
-    Resigned,
-    /// Resigned because a `stop` fault asked for it.
-    Told(PartStopRequest),
+/// The work of each term the node's candidate in election `e` wins.
+fn work(node: Node, e: usize, mut rng: Rng) -> impl FnMut(Term) -> BoxFuture<'static, ()> {
+    move |term| Box::pin(lead(node.clone(), e, term, rng.fork()))
 }
 
-/// Acts as leader every TTL/4 until the leadership ends.
-async fn lead(
-    node: &Node,
-    leadership: &Leadership,
-    e: usize,
-    rng: &mut Rng,
-    stop: &CancellationToken,
-    resign: &mut watch::Receiver<Option<PartStopRequest>>,
-) -> Ended {
-    let every = node.scenario().ttl / 4;
+/// Acts as leader every TTL/4 until the term is over (or, now and then, hands over); then
+/// winds down, sometimes for longer than the candidate's grace.
+async fn lead(node: Node, e: usize, term: Term, mut rng: Rng) {
     let name = election_name(e);
-    let _ = resign.get_and_update();
-    loop {
+    let token = term.token();
+    node.leader_start(&name, token);
+    let _work = node.work_started(&name, token);
+    let ttl = node.scenario().ttl;
+    let every = ttl / 4;
+    let handed_over = loop {
         tokio::select! {
             biased;
-            _ = stop.cancelled() => return Ended::Resigned,
-            _ = node.stopping() => return Ended::Resigned,
-            _ = leadership.lost() => return Ended::Lost,
-            told = resign.changed() => if told.is_ok() {
-                if let Some(req) = resign.get() { return Ended::Told(req) }
-            },
+            _ = term.over() => break false,
             _ = tokio::time::sleep(every) => {}
         }
-        if !leadership.is_leader() {
-            continue;
-        }
-        // A paused process checked its leadership, then stalls before acting: the act comes
-        // late, and only the fence stops it from doing harm. The write goes on in a task of
-        // its own: a leader that stops waiting for it (its leadership lost) cannot call back
-        // a request already sent, and the store judges it when it lands.
-        let fence = leadership.fence();
+        // A paused process decided to act, then stalls before acting: the act comes late,
+        // and only the fence stops it from doing harm. The write goes on in a task of its
+        // own: a term that is over cannot call back a request already sent, and the store
+        // judges it when it lands.
+        let fence = term.fence();
         let writer = node.clone();
-        let (election, token) = (name.clone(), leadership.token());
+        let election = name.clone();
         let write = tokio::spawn(async move {
             writer.unpaused().await;
             let txn = TxnRequest::new().and_then([PutRequest::new(work_key(e), token.to_string())]);
@@ -579,11 +539,19 @@ async fn lead(
         });
         tokio::select! {
             biased;
-            _ = leadership.lost() => return Ended::Lost,
+            _ = term.over() => break false,
             _ = write => {}
         }
         if rng.chance(0.05) {
-            return Ended::Resigned;
+            break true;
         }
-    }
+    };
+    // A node that hands over stops believing before the candidate resigns (the delete may
+    // apply long before its reply arrives, if ever); so does one whose term was declared
+    // over before its deadline.
+    node.leader_end(&name, token, handed_over || term.loss().is_none());
+    // Finishing the job in hand takes a while: up to half a TTL, longer than the default
+    // grace (a quarter) now and then, so the candidate must cut it short.
+    let ms = (ttl / 2).as_millis() as u64;
+    tokio::time::sleep(Duration::from_millis(rng.between(0, ms))).await;
 }

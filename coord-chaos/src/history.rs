@@ -161,6 +161,25 @@ pub enum Happening {
         /// It gave the leadership up (resigned), rather than lost it.
         resigned: bool,
     },
+    /// The work of the node's term with `token` in `election` began (it runs while the node
+    /// leads, and winds down after).
+    WorkStarted {
+        /// Who.
+        who: Incarnation,
+        /// The election's name.
+        election: String,
+        /// The term's fencing token.
+        token: Revision,
+    },
+    /// The work of that term stopped (returned, or was dropped).
+    WorkEnded {
+        /// Who.
+        who: Incarnation,
+        /// The election's name.
+        election: String,
+        /// The term's fencing token.
+        token: Revision,
+    },
     /// A fenced write: sent by a node that believed it led with `token`, and its outcome as
     /// the node learned it. The store's journal says whether it applied.
     FencedWrite {

@@ -110,7 +110,7 @@ pub use recorder::Recorder;
 pub use rng::Rng;
 pub use runner::{Report, Runner, SeedOutcome};
 pub use scenario::Scenario;
-pub use service::{Node, PartStopRequest, Service};
+pub use service::{Node, PartStopRequest, Service, WorkGuard};
 pub use svg::timeline_svg;
 pub use timeline::timeline;
 #[cfg(feature = "turmoil")]

@@ -195,6 +195,22 @@ impl Node {
         });
     }
 
+    /// Records that the work of this node's term `token` in `election` began, and returns a
+    /// guard that records its end when dropped (the work returned, or was dropped). W1 holds
+    /// the work of two terms to never overlap.
+    pub fn work_started(&self, election: &str, token: Revision) -> WorkGuard {
+        self.record(Happening::WorkStarted {
+            who: self.who(),
+            election: election.to_owned(),
+            token,
+        });
+        WorkGuard {
+            node: self.clone(),
+            election: election.to_owned(),
+            token,
+        }
+    }
+
     /// Resolves when the node is asked to stop gracefully.
     pub async fn stopping(&self) {
         self.inner.stop.cancelled().await
@@ -225,5 +241,23 @@ impl Node {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take()
+    }
+}
+
+/// Records the end of a term's work when dropped; from [`Node::work_started`].
+#[derive(Debug)]
+pub struct WorkGuard {
+    node: Node,
+    election: String,
+    token: Revision,
+}
+
+impl Drop for WorkGuard {
+    fn drop(&mut self) {
+        self.node.record(Happening::WorkEnded {
+            who: self.node.who(),
+            election: std::mem::take(&mut self.election),
+            token: self.token,
+        });
     }
 }

@@ -102,6 +102,21 @@ impl EtcdStore {
         Ok(store)
     }
 
+    /// A store that connects on first use, for a service that must start while etcd is
+    /// unreachable: nothing is dialled here, every call dials (and fails over) as usual, and
+    /// recipes started in the background ([`HostRegistration::spawn`], [`Candidate::spawn`])
+    /// come up once etcd answers.
+    ///
+    /// [`HostRegistration::spawn`]: coord_api::recipes::HostRegistration::spawn
+    /// [`Candidate::spawn`]: coord_api::recipes::Candidate::spawn
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a bad configuration (the only check made here).
+    pub fn connect_lazy(config: EtcdConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(Self::from_parts(config, None))
+    }
+
     /// Connects over an existing tonic channel (for example one that runs over a simulated
     /// network). The channel's own settings (timeouts, TLS) apply; the endpoints of `config`
     /// are not used, but its request timeout, credentials and limits are.

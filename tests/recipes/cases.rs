@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use coord_api::recipes::{
-    ClusterEvent, ClusterWatcher, ClusterWatcherConfig, Election, ElectionPool, HostRegistration,
-    RegistrationConfig, RegistrationStatus, Session, SessionConfig, SessionEnd,
+    Candidate, CandidateConfig, CandidateStatus, ClusterEvent, ClusterWatcher,
+    ClusterWatcherConfig, Election, ElectionPool, HostRegistration, HostSession, LossReason,
+    RegistrationConfig, RegistrationStatus, Session, SessionConfig, SessionEnd, Term,
 };
 use coord_api::testkit::{eventually, within};
 use coord_api::{
@@ -471,17 +472,13 @@ pub(crate) async fn watcher_survives_compaction_without_losing_a_net_change(fx: 
 pub(crate) async fn watcher_stream_ends_when_stopped_or_dropped(fx: &dyn Fixture) {
     let store = fx.store();
     store.put_value("h/a", "1").await.unwrap();
-    let mut w = ClusterWatcher::start(store.clone(), ClusterWatcherConfig::new("h/"))
+    let w = ClusterWatcher::start(store.clone(), ClusterWatcherConfig::new("h/"))
         .await
         .unwrap();
-    w.stop().await;
+    let queued = within(prompt(fx), "the stop", w.stop()).await;
     assert!(
-        matches!(w.next().await, Some(ClusterEvent::HostUp { .. })),
-        "queued events still read"
-    );
-    assert_eq!(
-        within(prompt(fx), "the end of the stream", w.next()).await,
-        None
+        matches!(queued.as_slice(), [ClusterEvent::HostUp { host, .. }] if host == "a"),
+        "stop hands back the events it had queued: {queued:?}"
     );
 
     let w = ClusterWatcher::start(store.clone(), ClusterWatcherConfig::new("h/"))
@@ -770,7 +767,7 @@ pub(crate) async fn observe_and_leader_follow_the_election(fx: &dyn Fixture) {
 
 // ---- ElectionPool -------------------------------------------------------------------------
 
-pub(crate) async fn pool_close_drops_every_leadership_at_once(fx: &dyn Fixture) {
+pub(crate) async fn pool_stop_drops_every_leadership_at_once(fx: &dyn Fixture) {
     let store = fx.store();
     let pool = ElectionPool::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()));
     let mut held = Vec::new();
@@ -780,7 +777,8 @@ pub(crate) async fn pool_close_drops_every_leadership_at_once(fx: &dyn Fixture) 
     assert_eq!(pool.stats().sessions, 1, "one shared session");
     assert_eq!(pool.stats().leaderships, 5);
     let before = Instant::now();
-    pool.close().await.unwrap();
+    let handle = pool.clone();
+    pool.stop().await.unwrap();
     for l in &held {
         within(prompt(fx), "every leadership to end", l.lost()).await;
     }
@@ -796,7 +794,14 @@ pub(crate) async fn pool_close_drops_every_leadership_at_once(fx: &dyn Fixture) 
         ));
     }
     drop(held);
-    assert_eq!(pool.stats().leaderships, 0);
+    assert_eq!(handle.stats().leaderships, 0);
+    assert!(
+        matches!(
+            handle.campaign("shard/0", "me").await,
+            Err(Error::Cancelled { .. })
+        ),
+        "a stopped pool campaigns no more"
+    );
 }
 
 pub(crate) async fn pool_evicts_a_dead_session_before_the_next_campaign(fx: &dyn Fixture) {
@@ -815,4 +820,351 @@ pub(crate) async fn pool_evicts_a_dead_session_before_the_next_campaign(fx: &dyn
     let stats = pool.stats();
     assert_eq!((stats.sessions, stats.evictions), (2, 1));
     assert!(second.is_leader());
+}
+
+// ---- Fencing ------------------------------------------------------------------------------
+
+pub(crate) async fn a_deposed_leaders_write_is_fenced_out_and_ends_its_leadership(
+    fx: &dyn Fixture,
+) {
+    let store = fx.store();
+    let (a, b) = (session(fx, &store).await, session(fx, &store).await);
+    let lead = Election::new(&a, "e").campaign("a").await.unwrap();
+    let put = |v: &'static str| TxnRequest::new().and_then([PutRequest::new("resource", v)]);
+    assert!(lead.txn(put("by a")).await.unwrap().succeeded);
+    // The caller's own compare failing is an ordinary failed transaction: still leading.
+    let own = put("never").when([coord_api::Compare::value(
+        "resource",
+        coord_api::CompareOp::Equal,
+        "other",
+    )]);
+    let r = lead.txn(own).await.unwrap();
+    assert!(!r.succeeded, "the caller's compare failed");
+    assert!(
+        lead.is_leader(),
+        "a failed compare of the caller's is not a deposition"
+    );
+    // Deposed: the key deleted and someone else elected, before `a` hears of it.
+    store.delete_key(lead.key().key.to_vec()).await.unwrap();
+    let next = Election::new(&b, "e").campaign("b").await.unwrap();
+    match lead.txn(put("by a, deposed")).await {
+        Err(Error::FencedOut { election, token }) => {
+            assert_eq!((election.as_str(), token), ("e", lead.token()));
+        }
+        other => panic!("a deposed leader's write must be fenced out, got {other:?}"),
+    }
+    assert!(!lead.is_leader(), "the refusal ended the leadership");
+    let why = within(prompt(fx), "the loss", lead.lost()).await;
+    assert!(
+        matches!(why, LossReason::FencedOut | LossReason::KeyDeleted),
+        "lost for {why:?}"
+    );
+    assert_eq!(
+        store.get_key("resource").await.unwrap().unwrap().value,
+        "by a".as_bytes(),
+        "the store refused the deposed leader's write"
+    );
+    assert!(next.txn(put("by b")).await.unwrap().succeeded);
+    next.resign().await.unwrap();
+}
+
+// ---- HostSession --------------------------------------------------------------------------
+
+pub(crate) async fn a_host_session_shares_one_lease_and_heals_it(fx: &dyn Fixture) {
+    let store = fx.store();
+    let host = HostSession::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()));
+    let r = HostRegistration::start_on(&host, reg(fx, "hosts/a", "m"))
+        .await
+        .unwrap();
+    let pool = ElectionPool::on(&host);
+    let lead = pool.campaign("e", "a").await.unwrap();
+    let first = r.lease_id();
+    assert_eq!(
+        lead.key().lease,
+        first,
+        "one lease for the registration and the election"
+    );
+    assert_eq!(host.stats().sessions, 1);
+
+    // The shared lease is lost: the registration heals onto a new one, the leadership ends,
+    // and the next campaign uses the new lease too.
+    store.revoke(first).await.unwrap();
+    within(prompt(fx), "the leadership's loss", lead.lost()).await;
+    let mut status = r.subscribe();
+    within(
+        fx.ttl(),
+        "the registration's heal",
+        status
+            .wait_for(|s| matches!(s, RegistrationStatus::Registered { lease } if *lease != first)),
+    )
+    .await
+    .unwrap();
+    let again = pool.campaign("e", "a").await.unwrap();
+    assert_eq!(
+        again.key().lease,
+        r.lease_id(),
+        "still one lease after the heal"
+    );
+    assert_eq!(host.stats().sessions, 2);
+
+    // The pool's stop takes its keys and leaves the registration's.
+    pool.stop().await.unwrap();
+    within(prompt(fx), "the leadership's end", again.lost()).await;
+    assert!(matches!(
+        store.leader("e").await,
+        Err(Error::NoLeader { .. })
+    ));
+    assert!(
+        present(&store, "hosts/a").await,
+        "the registration is untouched"
+    );
+    // The registration's stop takes its key and leaves the host's lease.
+    let lease = r.lease_id();
+    r.stop().await.unwrap();
+    assert!(!present(&store, "hosts/a").await);
+    assert!(
+        store.time_to_live(lease).await.is_ok(),
+        "the host's lease lives on"
+    );
+    host.stop().await.unwrap();
+    assert!(matches!(
+        store.time_to_live(lease).await,
+        Err(Error::LeaseNotFound { .. })
+    ));
+}
+
+pub(crate) async fn a_registration_spawned_while_cut_off_registers_when_the_store_answers(
+    fx: &dyn Fixture,
+) {
+    let client = fx.client().await;
+    client.cut_off(true);
+    let r = HostRegistration::spawn(client.store.clone(), reg(fx, "hosts/a", "m")).unwrap();
+    // Cut off for a while: it cannot register, and must not give up.
+    tokio::time::sleep(fx.request_timeout() + fx.ttl()).await;
+    assert_eq!(r.status(), RegistrationStatus::Registering);
+    assert!(!present(&fx.store(), "hosts/a").await);
+    client.cut_off(false);
+    let mut status = r.subscribe();
+    // The backoff has grown to a few seconds by now; it is capped at 30 s.
+    let bound = fx.request_timeout() + Duration::from_secs(30) + fx.slack();
+    within(
+        bound,
+        "the registration",
+        status.wait_for(|s| matches!(s, RegistrationStatus::Registered { .. })),
+    )
+    .await
+    .unwrap();
+    let kv = fx
+        .store()
+        .get_key("hosts/a")
+        .await
+        .unwrap()
+        .expect("registered");
+    assert_eq!(kv.lease, r.lease_id());
+    r.stop().await.unwrap();
+    assert!(!present(&fx.store(), "hosts/a").await);
+}
+
+pub(crate) async fn a_registration_with_revoke_on_drop_removes_its_key_when_dropped(
+    fx: &dyn Fixture,
+) {
+    let store = fx.store();
+    let own = HostRegistration::start(
+        store.clone(),
+        reg(fx, "hosts/own", "m").with_revoke_on_drop(true),
+    )
+    .await
+    .unwrap();
+    let host = HostSession::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()));
+    let shared = HostRegistration::start_on(
+        &host,
+        reg(fx, "hosts/shared", "m").with_revoke_on_drop(true),
+    )
+    .await
+    .unwrap();
+    let lease = shared.lease_id();
+    drop(own);
+    drop(shared);
+    eventually(prompt(fx), "both keys removed", || async {
+        !present(&store, "hosts/own").await && !present(&store, "hosts/shared").await
+    })
+    .await;
+    assert!(
+        store.time_to_live(lease).await.is_ok(),
+        "the host's lease lives on"
+    );
+    host.stop().await.unwrap();
+}
+
+// ---- Candidate ----------------------------------------------------------------------------
+
+/// The work of each term a candidate won: its token, when it began, when it stopped.
+#[derive(Debug, Clone)]
+struct Worked {
+    who: &'static str,
+    token: coord_api::Revision,
+    from: Instant,
+    until: Option<Instant>,
+}
+
+type Log = Arc<std::sync::Mutex<Vec<Worked>>>;
+
+/// Records the end of a term's work when the work returns or is dropped.
+struct Ends(Log, usize);
+
+impl Drop for Ends {
+    fn drop(&mut self) {
+        self.0.lock().unwrap()[self.1].until = Some(Instant::now());
+    }
+}
+
+/// Work that runs until its term is over (or, if `stubborn`, forever), recording itself.
+fn logged(
+    who: &'static str,
+    log: &Log,
+    stubborn: bool,
+) -> impl FnMut(Term) -> futures::future::BoxFuture<'static, ()> + Send + 'static {
+    let log = log.clone();
+    move |term: Term| {
+        let log = log.clone();
+        Box::pin(async move {
+            let i = {
+                let mut l = log.lock().unwrap();
+                l.push(Worked {
+                    who,
+                    token: term.token(),
+                    from: Instant::now(),
+                    until: None,
+                });
+                l.len() - 1
+            };
+            let _ends = Ends(log, i);
+            if stubborn {
+                std::future::pending::<()>().await;
+            }
+            term.over().await;
+        })
+    }
+}
+
+fn assert_no_overlap(log: &Log) {
+    let l = log.lock().unwrap().clone();
+    for (i, a) in l.iter().enumerate() {
+        for b in &l[i + 1..] {
+            let a_end = a.until.expect("every term's work ended");
+            assert!(
+                b.from >= a_end,
+                "the work of {} (token {}) ran until {:?} after {} (token {}) began: {l:?}",
+                a.who,
+                a.token,
+                a_end - b.from,
+                b.who,
+                b.token
+            );
+        }
+    }
+}
+
+async fn leading(c: &Candidate, bound: Duration) -> coord_api::Revision {
+    let mut status = c.subscribe();
+    let s = within(
+        bound,
+        "a term",
+        status.wait_for(|s| matches!(s, CandidateStatus::Leading { .. })),
+    )
+    .await
+    .unwrap();
+    match s {
+        CandidateStatus::Leading { token } => token,
+        _ => unreachable!(),
+    }
+}
+
+pub(crate) async fn a_candidate_hands_over_only_once_its_work_stopped(fx: &dyn Fixture) {
+    let store = fx.store();
+    let log = Log::default();
+    let config = |v: &str| CandidateConfig::new("jobs", v.to_owned());
+    let pa = ElectionPool::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()));
+    let pb = ElectionPool::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()));
+    let a = Candidate::spawn(&pa, config("a"), logged("a", &log, false));
+    let first = leading(&a, prompt(fx)).await;
+    let b = Candidate::spawn(&pb, config("b"), logged("b", &log, false));
+    // b waits behind a; a's stop ends a's work, then resigns, and b leads.
+    tokio::time::sleep(prompt(fx)).await;
+    assert!(!b.is_leader());
+    a.stop().await.unwrap();
+    let second = leading(&b, prompt(fx)).await;
+    assert!(second > first);
+    b.stop().await.unwrap();
+    assert_no_overlap(&log);
+    assert_eq!(log.lock().unwrap().len(), 2);
+    assert!(matches!(
+        store.leader("jobs").await,
+        Err(Error::NoLeader { .. })
+    ));
+}
+
+pub(crate) async fn a_cut_off_candidate_stops_its_work_before_anyone_else_leads(fx: &dyn Fixture) {
+    let store = fx.store();
+    let log = Log::default();
+    let client = fx.client().await;
+    let pa = ElectionPool::new(
+        client.store.clone(),
+        SessionConfig::default().with_ttl(fx.ttl()),
+    );
+    let pb = ElectionPool::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()));
+    // a's work ignores the end of its term: the candidate must drop it by the deadline.
+    let a = Candidate::spawn(
+        &pa,
+        CandidateConfig::new("jobs", "a"),
+        logged("a", &log, true),
+    );
+    leading(&a, prompt(fx)).await;
+    let b = Candidate::spawn(
+        &pb,
+        CandidateConfig::new("jobs", "b"),
+        logged("b", &log, false),
+    );
+    client.cut_off(true);
+    // b leads once a's lease expires at the store; a's work is gone by then.
+    leading(&b, fx.ttl() * 2 + fx.slack()).await;
+    assert_no_overlap(&log);
+    client.cut_off(false);
+    b.stop().await.unwrap();
+    a.stop().await.unwrap();
+}
+
+pub(crate) async fn a_candidate_rests_between_terms_and_counts_them(fx: &dyn Fixture) {
+    let store = fx.store();
+    let pool = ElectionPool::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()));
+    let terms = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = terms.clone();
+    let rest = Duration::from_millis(300);
+    // Each term's work returns at once: the candidate resigns, rests, and campaigns again.
+    let c = Candidate::spawn(
+        &pool,
+        CandidateConfig::new("jobs", "a").with_rest(rest),
+        move |term: Term| {
+            seen.lock()
+                .unwrap()
+                .push((term.number(), term.token(), Instant::now()));
+            async {}
+        },
+    );
+    eventually(prompt(fx) * 4, "three terms", || async {
+        terms.lock().unwrap().len() >= 3
+    })
+    .await;
+    c.stop().await.unwrap();
+    let terms = terms.lock().unwrap().clone();
+    for pair in terms.windows(2) {
+        let ((n0, t0, at0), (n1, t1, at1)) = (pair[0], pair[1]);
+        assert_eq!(n1, n0 + 1, "terms are counted");
+        assert!(t1 > t0, "each term's token is larger");
+        assert!(at1 - at0 >= rest, "rested {:?} between terms", at1 - at0);
+    }
+    assert!(matches!(
+        store.leader("jobs").await,
+        Err(Error::NoLeader { .. })
+    ));
 }

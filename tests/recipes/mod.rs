@@ -36,8 +36,15 @@ macro_rules! recipe_tests {
             leadership_is_lost_at_the_deadline_when_cut_off,
             leadership_is_lost_when_its_key_is_deleted_and_fencing_stops_its_writes,
             observe_and_leader_follow_the_election,
-            pool_close_drops_every_leadership_at_once,
+            pool_stop_drops_every_leadership_at_once,
             pool_evicts_a_dead_session_before_the_next_campaign,
+            a_deposed_leaders_write_is_fenced_out_and_ends_its_leadership,
+            a_host_session_shares_one_lease_and_heals_it,
+            a_registration_spawned_while_cut_off_registers_when_the_store_answers,
+            a_registration_with_revoke_on_drop_removes_its_key_when_dropped,
+            a_candidate_hands_over_only_once_its_work_stopped,
+            a_cut_off_candidate_stops_its_work_before_anyone_else_leads,
+            a_candidate_rests_between_terms_and_counts_them,
         );
     };
     (@ $run:ident; $($case:ident),* $(,)?) => {

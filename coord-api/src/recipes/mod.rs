@@ -14,18 +14,23 @@
 //!
 //! [`KvLeaseStore`]: crate::KvLeaseStore
 
-mod cluster;
+mod candidate;
+mod election;
 pub(crate) mod follow;
-mod leadership;
+mod host;
 mod pool;
 mod registration;
 pub(crate) mod retry;
 mod session;
+mod task;
+mod watcher;
 
-pub use cluster::{ClusterEvent, ClusterView, ClusterWatcher, ClusterWatcherConfig};
-pub use leadership::{Election, Fence, Leadership, LossReason};
+pub use candidate::{Candidate, CandidateConfig, CandidateStatus, Term};
+pub use election::{Election, Fence, Leadership, LossReason};
+pub use host::{HostSession, HostSessionStats};
 pub use pool::{ElectionPool, PoolStats};
 pub use registration::{
     HostRegistration, RegistrationConfig, RegistrationHealth, RegistrationStatus,
 };
 pub use session::{Session, SessionConfig, SessionEnd, SessionHandle, SessionHealth};
+pub use watcher::{ClusterEvent, ClusterView, ClusterWatcher, ClusterWatcherConfig};

@@ -1,27 +1,32 @@
-//! [`ElectionPool`]: many elections on one pooled session.
+//! [`ElectionPool`]: many elections on one host's session.
 //!
 //! **One shared session, not one per election** (go-coord pools one per key). Every election
 //! a process holds then costs one lease and one renewal every TTL/3 instead of N, and the
 //! failure domain does not change: the sessions of one process talk to the same etcd over the
 //! same connection, so when one cannot renew, none can. What the pool must get right, and
-//! go-coord's did not, is noticing that the session died: a dead session is evicted and
-//! replaced before the next campaign, never reused.
+//! go-coord's did not, is noticing that the session died: a dead session is replaced before
+//! the next campaign, never reused. The session is a [`HostSession`]'s: the pool's own, or one
+//! the host's registration shares.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use super::leadership::{Election, Leadership};
-use super::session::{Session, SessionConfig};
+use super::election::{Election, Leadership};
+use super::host::HostSession;
+use super::session::SessionConfig;
+use crate::campaign::candidate_key;
 use crate::error::{Error, Result};
+use crate::request::DeleteRequest;
 use crate::store::DynKvLeaseStore;
-use crate::types::LeaseId;
 
 /// What an [`ElectionPool`] has done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct PoolStats {
-    /// Sessions (leases) created over the pool's life.
+    /// Sessions (leases) its host session granted.
     pub sessions: u64,
     /// Leaderships handed out and not yet resigned or dropped.
     pub leaderships: usize,
@@ -29,7 +34,9 @@ pub struct PoolStats {
     pub evictions: u64,
 }
 
-/// Many elections over one pooled, self-replacing session. See the module docs.
+/// Many elections over one self-replacing session. See the module docs.
+///
+/// Cheap to clone; every clone is the same pool, and [`stop`](Self::stop) stops it for all.
 ///
 /// ```no_run
 /// # async fn run(store: std::sync::Arc<coord_api::DynKvLeaseStore>) -> coord_api::Result<()> {
@@ -37,88 +44,101 @@ pub struct PoolStats {
 /// let pool = ElectionPool::new(store, SessionConfig::default());
 /// let shard_7 = pool.campaign("shards/7", "node-a").await?;
 /// println!("leading shard 7 with token {}", shard_7.token());
-/// pool.close().await?; // every leadership of the pool ends now
+/// pool.stop().await?; // every leadership of the pool ends now
 /// # Ok(()) }
 /// ```
-#[derive(Debug)]
+#[must_use = "dropping every handle leaves the pool's keys until its lease expires; stop it to hand over"]
+#[derive(Debug, Clone)]
 pub struct ElectionPool {
-    store: Arc<DynKvLeaseStore>,
-    config: SessionConfig,
-    session: tokio::sync::Mutex<Option<Arc<Session>>>,
-    /// Leases of evicted sessions that ended at their deadline: the store may still hold
-    /// them, and candidate keys under them, until a revoke confirms them gone.
-    abandoned: std::sync::Mutex<Vec<LeaseId>>,
-    sessions: AtomicU64,
-    evictions: AtomicU64,
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    host: HostSession,
+    /// Whether the host session is the pool's own: stopping the pool revokes it.
+    owned: bool,
+    /// The elections campaigned in, whose candidate keys `stop` removes.
+    names: Mutex<BTreeSet<String>>,
+    stopped: AtomicBool,
     held: Arc<AtomicUsize>,
 }
 
 impl ElectionPool {
-    /// A pool whose session uses `config`. No lease is granted until the first campaign.
+    /// A pool with a session of its own, kept with `config`. No lease is granted until the
+    /// first campaign.
     pub fn new(store: Arc<DynKvLeaseStore>, config: SessionConfig) -> Self {
+        Self::with_host(HostSession::new(store, config), true)
+    }
+
+    /// A pool on `host`'s session, shared with the host's other recipes (its registration).
+    pub fn on(host: &HostSession) -> Self {
+        Self::with_host(host.clone(), false)
+    }
+
+    fn with_host(host: HostSession, owned: bool) -> Self {
         ElectionPool {
-            store,
-            config,
-            session: tokio::sync::Mutex::new(None),
-            abandoned: std::sync::Mutex::new(Vec::new()),
-            sessions: AtomicU64::new(0),
-            evictions: AtomicU64::new(0),
-            held: Arc::new(AtomicUsize::new(0)),
+            inner: Arc::new(Inner {
+                host,
+                owned,
+                names: Mutex::default(),
+                stopped: AtomicBool::new(false),
+                held: Arc::new(AtomicUsize::new(0)),
+            }),
         }
     }
 
-    /// The live session, replacing a dead one first.
-    async fn session(&self) -> Result<Arc<Session>> {
-        let mut slot = self.session.lock().await;
-        if let Some(s) = slot.as_ref() {
-            if !s.is_done() {
-                return Ok(s.clone());
-            }
-            tracing::warn!(lease_id = %s.lease(), "pooled session is dead; evicting it");
-            self.evictions.fetch_add(1, Ordering::Relaxed);
-            self.abandon(s);
-            *slot = None;
-        }
-        let s = Arc::new(Session::new(self.store.clone(), self.config.clone()).await?);
-        self.sessions.fetch_add(1, Ordering::Relaxed);
-        *slot = Some(s.clone());
-        Ok(s)
+    /// The host session the pool campaigns on.
+    pub fn host(&self) -> &HostSession {
+        &self.inner.host
     }
 
-    /// The election `name` on the pool's live session.
+    /// The election `name` on the live session (granted, or replaced if dead, first).
+    ///
+    /// # Errors
+    /// Whatever the grant fails with; [`Error::Cancelled`] once the pool is stopped.
     pub async fn election(&self, name: impl Into<String>) -> Result<Election> {
-        let session = self.session().await?;
-        Ok(Election::new(&session, name).counting(self.held.clone()))
-    }
-
-    /// Evicts the pooled session if it is still the one with `lease`.
-    async fn evict(&self, lease: LeaseId) {
-        let mut slot = self.session.lock().await;
-        if slot.as_ref().is_some_and(|s| s.lease() == lease) {
-            tracing::warn!(lease_id = %lease, "pooled session's lease is gone; evicting it");
-            self.evictions.fetch_add(1, Ordering::Relaxed);
-            *slot = None;
+        if self.inner.stopped.load(Ordering::SeqCst) {
+            return Err(Error::Cancelled {
+                operation: "election pool (stopped)",
+            });
         }
+        let name = name.into();
+        // Known before any key is written: `stop` deletes the host's candidate keys in every
+        // election the pool was asked about (an earlier pool's on this host included).
+        self.inner
+            .names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.clone());
+        let session = self.inner.host.session().await?;
+        Ok(Election::new(session, name).counting(self.inner.held.clone()))
     }
 
     /// Campaigns in `name` until leading; see [`Election::campaign`].
     ///
     /// A session can die between renewals without knowing it yet; a campaign that finds its
-    /// lease gone evicts the session and tries once more on a fresh one.
+    /// lease gone replaces the session and tries once more on a fresh one.
+    ///
+    /// # Errors
+    /// As [`election`](Self::election) and [`Election::campaign`].
     pub async fn campaign(&self, name: &str, value: impl Into<Bytes>) -> Result<Leadership> {
         let value = value.into();
         let election = self.election(name).await?;
         match election.campaign(value.clone()).await {
             Err(Error::LeaseNotFound { lease }) => {
-                self.evict(lease).await;
+                self.inner.host.evict(lease).await;
                 self.election(name).await?.campaign(value).await
             }
             other => other,
         }
     }
 
-    /// Takes `name` if nobody leads it; see [`Election::try_campaign`]. Evicts a dead session
-    /// as [`campaign`](Self::campaign) does.
+    /// Takes `name` if nobody leads it; see [`Election::try_campaign`]. Replaces a dead
+    /// session as [`campaign`](Self::campaign) does.
+    ///
+    /// # Errors
+    /// As [`election`](Self::election) and [`Election::try_campaign`].
     pub async fn try_campaign(
         &self,
         name: &str,
@@ -128,7 +148,7 @@ impl ElectionPool {
         let election = self.election(name).await?;
         match election.try_campaign(value.clone()).await {
             Err(Error::LeaseNotFound { lease }) => {
-                self.evict(lease).await;
+                self.inner.host.evict(lease).await;
                 self.election(name).await?.try_campaign(value).await
             }
             other => other,
@@ -137,50 +157,45 @@ impl ElectionPool {
 
     /// Counters.
     pub fn stats(&self) -> PoolStats {
+        let host = self.inner.host.stats();
         PoolStats {
-            sessions: self.sessions.load(Ordering::Relaxed),
-            leaderships: self.held.load(Ordering::SeqCst),
-            evictions: self.evictions.load(Ordering::Relaxed),
+            sessions: host.sessions,
+            leaderships: self.inner.held.load(Ordering::SeqCst),
+            evictions: host.replaced,
         }
     }
 
-    /// Remembers an evicted session's lease if the store may still hold it.
-    fn abandon(&self, session: &Session) {
-        if session.health().ended == Some(super::SessionEnd::Expired) {
-            self.abandoned
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(session.lease());
-        }
-    }
-
-    /// Revokes the pooled session, and every lease the pool gave up at its deadline that the
-    /// store may still hold: every leadership and candidacy of the pool ends at once (their
-    /// keys go with the leases, and their `lost()` fires). The pool can be used again
-    /// afterwards; it grants a new session.
+    /// Ends every leadership and candidacy of the pool at once, and campaigns no more. On a
+    /// session of its own, the pool revokes it (and any lease it gave up at its deadline that
+    /// the store may still hold); on a shared [`HostSession`], it deletes its candidate keys
+    /// under the host's leases, and the host's lease lives on. Either way the keys go, and
+    /// every leadership's `lost()` fires.
     ///
     /// # Errors
-    /// Whatever a revoke fails with (a lease already gone is success); the revoke is then
-    /// retried in the background until it lands.
-    pub async fn close(&self) -> Result<()> {
-        let session = self.session.lock().await.take();
-        let abandoned =
-            std::mem::take(&mut *self.abandoned.lock().unwrap_or_else(|p| p.into_inner()));
-        let mut result = match session {
-            Some(s) => s.close().await,
-            None => Ok(()),
-        };
-        for lease in abandoned {
-            match self.store.revoke(lease).await {
-                Ok(_) | Err(Error::LeaseNotFound { .. }) => {}
-                Err(e) => {
-                    super::session::release_lease(self.store.clone(), lease);
-                    if result.is_ok() {
-                        result = Err(e);
-                    }
-                }
+    /// Whatever a revoke or delete fails with (a lease already gone is success). A revoke is
+    /// then retried in the background until it lands; keys a delete could not reach go with
+    /// the host's lease.
+    pub async fn stop(self) -> Result<()> {
+        let inner = &self.inner;
+        inner.stopped.store(true, Ordering::SeqCst);
+        if inner.owned {
+            return inner.host.clone().stop().await;
+        }
+        let names: Vec<String> = inner
+            .names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        let store = inner.host.store();
+        for lease in inner.host.leases() {
+            for name in &names {
+                store
+                    .delete(DeleteRequest::key(candidate_key(name, lease)))
+                    .await?;
             }
         }
-        result
+        Ok(())
     }
 }

@@ -8,11 +8,15 @@
 //!
 //! The other promise, which go-coord and Curator both broke: when [`stop`] returns `Ok`, the
 //! key is gone and nothing brings it back. `stop` cancels the loop and waits for it to finish
-//! before revoking, and the loop publishes a new lease before it writes the key under it, so
-//! the revoke always hits the lease the key lives under. A lease given up at its local
+//! before removing the key, and the loop publishes a new lease before it writes the key under
+//! it, so the removal always hits the lease the key lives under. A lease given up at its local
 //! deadline may still live at the store (its renewals arrived, their replies did not), and the
-//! key with it until a heal moves the key; `stop` revokes such leases too, and says so when
-//! it could not reach the store.
+//! key with it until a heal moves the key; `stop` removes the key from such leases too, and
+//! says so when it could not reach the store.
+//!
+//! The lease is a [`HostSession`]'s: the registration's own, or one shared with the host's
+//! elections. The host session sets a lost lease aside and revokes it once the key is under
+//! the new one, so watchers see the key change lease, never disappear.
 //!
 //! [`stop`]: HostRegistration::stop
 
@@ -21,16 +25,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::follow::{Change, Follow};
+use super::host::HostSession;
 use super::retry::{self, Backoff};
-use super::session::{Session, SessionConfig, SessionEnd, SessionHandle};
+use super::session::{SessionConfig, SessionEnd, SessionHandle};
+use super::task::Task;
 use crate::error::{Error, Result};
-use crate::request::PutRequest;
+use crate::request::{Compare, CompareOp, DeleteRequest, PutRequest, TxnOp, TxnRequest};
 use crate::store::DynKvLeaseStore;
 use crate::sync::watch;
 use crate::types::{LeaseId, Revision};
@@ -52,6 +57,10 @@ pub struct RegistrationConfig {
     /// Mixed into the seed of the backoff's jitter (which is otherwise drawn from the key, so
     /// hosts differ and a simulation replays).
     pub backoff_seed: u64,
+    /// Remove the key, in the background, when the handle is dropped without
+    /// [`stop`](HostRegistration::stop) (default off: the key expires with its lease, as after
+    /// a crash).
+    pub revoke_on_drop: bool,
 }
 
 impl RegistrationConfig {
@@ -64,7 +73,22 @@ impl RegistrationConfig {
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(30),
             backoff_seed: 0,
+            revoke_on_drop: false,
         }
+    }
+
+    /// Whether dropping the handle removes the key (see
+    /// [`revoke_on_drop`](Self::revoke_on_drop)).
+    pub fn with_revoke_on_drop(mut self, on: bool) -> Self {
+        self.revoke_on_drop = on;
+        self
+    }
+
+    /// The session of a registration with a lease of its own.
+    fn session(&self) -> SessionConfig {
+        SessionConfig::default()
+            .with_ttl(self.ttl)
+            .with_revoke_on_drop(self.revoke_on_drop)
     }
 
     /// Use this lease TTL.
@@ -128,15 +152,17 @@ impl RegistrationHealth {
 
 #[derive(Debug)]
 struct Shared {
-    store: Arc<DynKvLeaseStore>,
+    host: HostSession,
+    /// Whether the host session is the registration's own (from [`HostRegistration::start`]
+    /// or [`spawn`](HostRegistration::spawn)): stopping the registration then revokes it.
+    owned: bool,
+    /// The registration's id on the host session.
+    id: u64,
     config: RegistrationConfig,
     /// The lease the key is (or is about to be) written under; 0 when none.
     lease: AtomicI64,
     /// The session of that lease, for health.
     session: Mutex<Option<SessionHandle>>,
-    /// Leases given up at their deadline that may still hold the key at the store, until a
-    /// revoke confirms them gone.
-    abandoned: Mutex<Vec<LeaseId>>,
     status: watch::Sender<RegistrationStatus>,
     /// Writes of the key (heal, re-put, update) go one at a time, so an update never loses
     /// to a heal writing the old metadata.
@@ -144,6 +170,10 @@ struct Shared {
 }
 
 impl Shared {
+    fn store(&self) -> &Arc<DynKvLeaseStore> {
+        self.host.store()
+    }
+
     /// Writes the key under `lease`; returns its create and mod revisions.
     async fn put(&self, lease: LeaseId) -> Result<(Revision, Revision)> {
         let latest = self.writes.lock().await;
@@ -155,45 +185,79 @@ impl Shared {
         let req = PutRequest::new(self.config.key.clone(), metadata.to_vec())
             .with_lease(lease)
             .with_prev_kv();
-        let r = self.store.put(req).await?;
+        let r = self.store().put(req).await?;
         let created = r.prev_kv.map_or(r.revision, |kv| kv.create_revision);
         Ok((created, r.revision))
-    }
-
-    fn abandoned(&self) -> std::sync::MutexGuard<'_, Vec<LeaseId>> {
-        self.abandoned.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn set_session(&self, session: Option<SessionHandle>) {
         *self.session.lock().unwrap_or_else(|p| p.into_inner()) = session;
     }
 
-    /// Revokes an abandoned lease in the background until it is gone.
-    fn release(self: &Arc<Self>, lease: LeaseId) {
-        let shared = self.clone();
-        tokio::spawn(
-            async move {
-                let mut backoff = retry::store_backoff(retry::seed(&[&lease.0.to_le_bytes()]));
-                loop {
-                    match shared.store.revoke(lease).await {
-                        Ok(_) | Err(Error::LeaseNotFound { .. }) => break,
-                        Err(_) => backoff.wait().await,
+    /// Deletes the key if it lives under one of the host's leases (another writer's key at
+    /// the same path is left alone). Retried in the background when the store cannot be
+    /// reached; the error is returned.
+    async fn remove_key(self: &Arc<Self>) -> Result<()> {
+        match delete_if_under(self.store(), &self.config.key, &self.host.leases()).await {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                let shared = self.clone();
+                tokio::spawn(
+                    async move {
+                        let key = shared.config.key.as_bytes();
+                        let mut backoff = retry::store_backoff(retry::seed(&[key]));
+                        let leases = shared.host.leases();
+                        while delete_if_under(shared.store(), &shared.config.key, &leases)
+                            .await
+                            .is_err()
+                        {
+                            backoff.wait().await;
+                        }
                     }
-                }
-                shared.abandoned().retain(|l| *l != lease);
-                tracing::debug!(lease_id = %lease, "abandoned lease revoked");
+                    .in_current_span(),
+                );
+                Err(e)
             }
-            .in_current_span(),
-        );
+        }
     }
+}
+
+/// Deletes `key` if its lease is one of `leases`.
+async fn delete_if_under(
+    store: &Arc<DynKvLeaseStore>,
+    key: &str,
+    leases: &[LeaseId],
+) -> Result<()> {
+    for &lease in leases {
+        let txn = TxnRequest::new()
+            .when([Compare::lease(key, CompareOp::Equal, lease)])
+            .and_then([TxnOp::Delete(DeleteRequest::key(key))]);
+        if store.txn(txn).await?.succeeded {
+            return Ok(());
+        }
+    }
+    Ok(())
 }
 
 /// A host registered under a lease, healing itself. See the module docs.
 ///
 /// # Stop and drop
 /// [`stop`](HostRegistration::stop) removes the key at once and says whether it could.
-/// Dropping the handle stops the registration without revoking: the key expires after its
-/// TTL, which is what a crash looks like.
+/// Dropping the handle stops the registration without removing the key, which then expires
+/// with its lease, as after a crash; unless
+/// [`revoke_on_drop`](RegistrationConfig::with_revoke_on_drop) is set, in which case the key is
+/// removed in the background.
+///
+/// # One lease per host
+/// [`start`](Self::start) gives the registration a lease of its own. A host that also
+/// campaigns starts it on a [`HostSession`] with [`start_on`](Self::start_on), and its
+/// elections on the same host session: one lease, one renewal stream, and the registration
+/// still heals onto a new lease when the shared one is lost.
+///
+/// # Starting while the store is down
+/// [`start`](Self::start) fails if the first registration does; [`spawn`](Self::spawn) returns
+/// at once and registers in the background, retrying with backoff until the store answers
+/// (watch [`status`](Self::status) or [`subscribe`](Self::subscribe) for `Registered`).
 ///
 /// ```no_run
 /// # async fn run(store: std::sync::Arc<coord_api::DynKvLeaseStore>) -> coord_api::Result<()> {
@@ -210,41 +274,91 @@ impl Shared {
 #[derive(Debug)]
 pub struct HostRegistration {
     shared: Arc<Shared>,
-    cancel: CancellationToken,
-    task: Option<JoinHandle<()>>,
+    task: Task,
 }
 
 impl HostRegistration {
-    /// Registers the key and keeps it. Returns once the first registration succeeded.
+    /// Registers the key under a lease of its own and keeps it. Returns once the first
+    /// registration succeeded.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an empty key; whatever the first grant or put fails
     /// with (later failures are healed, and show in [`status`](Self::status)).
     pub async fn start(store: Arc<DynKvLeaseStore>, config: RegistrationConfig) -> Result<Self> {
+        let host = HostSession::new(store, config.session());
+        Self::begin(host, true, config).await
+    }
+
+    /// Registers the key under `host`'s lease and keeps it; see [`start`](Self::start). The
+    /// TTL is the host session's; the config's is not used.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start); [`Error::Cancelled`] if `host` was stopped.
+    pub async fn start_on(host: &HostSession, config: RegistrationConfig) -> Result<Self> {
+        Self::begin(host.clone(), false, config).await
+    }
+
+    /// Starts registering the key under a lease of its own, in the background: returns at
+    /// once, whether or not the store can be reached, and registers as soon as it can.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty key.
+    pub fn spawn(store: Arc<DynKvLeaseStore>, config: RegistrationConfig) -> Result<Self> {
+        let host = HostSession::new(store, config.session());
+        Self::background(host, true, config)
+    }
+
+    /// As [`spawn`](Self::spawn), under `host`'s lease.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty key.
+    pub fn spawn_on(host: &HostSession, config: RegistrationConfig) -> Result<Self> {
+        Self::background(host.clone(), false, config)
+    }
+
+    fn shared(host: HostSession, owned: bool, config: RegistrationConfig) -> Result<Arc<Shared>> {
         if config.key.is_empty() {
             return Err(Error::invalid("registration: empty key"));
         }
-        let shared = Arc::new(Shared {
-            store: store.clone(),
+        Ok(Arc::new(Shared {
+            id: host.attach(),
+            host,
+            owned,
             lease: AtomicI64::new(0),
             session: Mutex::new(None),
-            abandoned: Mutex::new(Vec::new()),
             status: watch::Sender::new(RegistrationStatus::Registering),
             writes: tokio::sync::Mutex::new(config.metadata.clone()),
             config,
-        });
-        let first = register(&shared).await?;
-        let cancel = CancellationToken::new();
-        let span = tracing::info_span!("host_registration", key = %shared.config.key);
-        let task = tokio::spawn(run(shared.clone(), first, cancel.clone()).instrument(span));
-        Ok(HostRegistration {
-            shared,
-            cancel,
-            task: Some(task),
-        })
+        }))
     }
 
-    /// The lease the key lives under now ([`LeaseId::NONE`] between a loss and the heal).
+    fn background(host: HostSession, owned: bool, config: RegistrationConfig) -> Result<Self> {
+        let shared = Self::shared(host, owned, config)?;
+        Ok(Self::running(shared, None))
+    }
+
+    async fn begin(host: HostSession, owned: bool, config: RegistrationConfig) -> Result<Self> {
+        let shared = Self::shared(host, owned, config)?;
+        match register(&shared).await {
+            Ok(first) => Ok(Self::running(shared, Some(first))),
+            Err(e) => {
+                shared.host.detach(shared.id);
+                if owned {
+                    let _ = shared.host.clone().stop().await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn running(shared: Arc<Shared>, first: Option<Held>) -> Self {
+        let span = tracing::info_span!("host_registration", key = %shared.config.key);
+        let task = Task::spawn(span, |cancel| run(shared.clone(), first, cancel));
+        HostRegistration { shared, task }
+    }
+
+    /// The lease the key lives under now ([`LeaseId::NONE`] before the first registration
+    /// and between a loss and the heal).
     pub fn lease_id(&self) -> LeaseId {
         LeaseId(self.shared.lease.load(Ordering::SeqCst))
     }
@@ -297,60 +411,52 @@ impl HostRegistration {
         }
         let req =
             PutRequest::new(self.shared.config.key.clone(), current.to_vec()).with_lease(lease);
-        match self.shared.store.put(req).await {
+        match self.shared.store().put(req).await {
             Ok(_) | Err(Error::LeaseNotFound { .. }) => Ok(()),
             Err(e) => Err(e),
         }
     }
 
-    /// Stops healing and revokes every lease the key may live under: when this returns `Ok`
-    /// the key is gone and no heal can bring it back.
+    /// Stops healing and removes the key: when this returns `Ok` the key is gone and no heal
+    /// can bring it back. On a lease of its own, the registration revokes it (and any lease
+    /// it gave up at its deadline that the store may still hold); on a [`HostSession`], it
+    /// deletes the key if it is under one of the host's leases, and the host's lease lives on.
     ///
     /// # Errors
-    /// Whatever a revoke fails with (a lease already gone is success). The registration is
-    /// stopped either way, and the revoke is retried in the background until it lands; until
-    /// then the key may stand, at most until its lease expires.
+    /// Whatever the revoke or delete fails with (a lease already gone is success). The
+    /// registration is stopped either way, and the removal is retried in the background until
+    /// it lands; until then the key may stand, at most until its lease expires.
     pub async fn stop(mut self) -> Result<()> {
-        self.cancel.cancel();
         // Wait for the loop: after this, nothing can publish a new lease or write the key.
-        if let Some(task) = self.task.take() {
-            if !crate::planted::enabled(crate::planted::Bug::StopSkipsTheHeal) {
-                let _ = task.await;
-            }
+        if crate::planted::enabled(crate::planted::Bug::StopSkipsTheHeal) {
+            self.task.cancel();
+        } else {
+            self.task.stop().await;
         }
         let shared = &self.shared;
         shared.status.send_replace(RegistrationStatus::Stopped);
-        let mut leases: Vec<LeaseId> = shared.abandoned().clone();
-        let current = LeaseId(shared.lease.swap(0, Ordering::SeqCst));
-        if !current.is_none() {
-            leases.push(current);
-        }
+        shared.lease.store(0, Ordering::SeqCst);
+        shared.set_session(None);
         if crate::planted::enabled(crate::planted::Bug::StopDeletesUnconditionally) {
-            let key = crate::DeleteRequest::key(shared.config.key.clone());
-            shared.store.delete(key).await?;
+            let key = DeleteRequest::key(shared.config.key.clone());
+            shared.store().delete(key).await?;
         }
-        let mut failed = None;
-        for lease in leases {
-            match shared.store.revoke(lease).await {
-                Ok(_) | Err(Error::LeaseNotFound { .. }) => {
-                    shared.abandoned().retain(|l| *l != lease)
-                }
-                Err(e) => {
-                    shared.release(lease);
-                    failed.get_or_insert(e);
-                }
-            }
-        }
-        match failed {
-            None => {
-                tracing::info!(key = %shared.config.key, "registration stopped; key revoked");
+        let result = if shared.owned {
+            shared.host.clone().stop().await
+        } else {
+            shared.remove_key().await
+        };
+        shared.host.detach(shared.id);
+        match result {
+            Ok(()) => {
+                tracing::info!(key = %shared.config.key, "registration stopped; key removed");
                 Ok(())
             }
-            Some(e) => {
+            Err(e) => {
                 tracing::warn!(
                     key = %shared.config.key,
                     error = &e as &dyn std::error::Error,
-                    "registration stopped, but its key could not be revoked yet; retrying in the background"
+                    "registration stopped, but its key could not be removed yet; retrying in the background"
                 );
                 Err(e)
             }
@@ -360,72 +466,96 @@ impl HostRegistration {
 
 impl Drop for HostRegistration {
     fn drop(&mut self) {
-        self.cancel.cancel();
+        self.task.cancel();
+        let shared = &self.shared;
+        if shared.status.get() == RegistrationStatus::Stopped {
+            return;
+        }
+        shared.status.send_replace(RegistrationStatus::Stopped);
+        if shared.config.revoke_on_drop && !shared.owned {
+            // An own session is revoked by its own drop (the config says so); a shared one
+            // lives on, so the key goes alone.
+            if tokio::runtime::Handle::try_current().is_ok() {
+                let shared = shared.clone();
+                tokio::spawn(
+                    async move {
+                        let _ = shared.remove_key().await;
+                        shared.host.detach(shared.id);
+                    }
+                    .in_current_span(),
+                );
+                return;
+            }
+        }
+        shared.host.detach(shared.id);
     }
 }
 
 /// A registered key: its session, and the key's create and mod revisions.
-type Held = (Session, (Revision, Revision));
+type Held = (SessionHandle, (Revision, Revision));
 
-/// Grants a lease, publishes it, then writes the key under it.
+/// Takes the host's live session, publishes its lease, then writes the key under it.
 async fn register(shared: &Shared) -> Result<Held> {
-    // The heal re-puts the key, then revokes the old lease itself (see `run`); a revoke at
-    // expiry could delete the key just before the heal writes it, a flap for every watcher.
-    let session = Session::new(
-        shared.store.clone(),
-        SessionConfig::default()
-            .with_ttl(shared.config.ttl)
-            .with_revoke_on_expiry(false),
-    )
-    .await?;
-    // Published before the put, so that a stop() that comes later revokes the lease the key
-    // is written under (see the module docs).
+    let session = shared.host.session().await?;
+    // Published before the put, so that a stop() that comes later removes the key whatever
+    // lease it is written under (see the module docs).
     shared.lease.store(session.lease().0, Ordering::SeqCst);
     match shared.put(session.lease()).await {
         Ok(revisions) => {
-            shared.set_session(Some(session.handle()));
+            shared.set_session(Some(session.clone()));
             shared.status.send_replace(RegistrationStatus::Registered {
                 lease: session.lease(),
             });
+            // The key is under the live lease: older leases of the host hold nothing of ours.
+            shared.host.moved(shared.id, session.lease());
             crate::sync::explore::point().await;
             Ok((session, revisions))
         }
         Err(e) => {
             shared.lease.store(0, Ordering::SeqCst);
-            // A revoke that fails is retried in the background (see Session::stop).
-            let _ = session.stop().await;
+            if let Error::LeaseNotFound { lease } = e {
+                shared.host.evict(lease).await;
+            }
             Err(e)
         }
     }
 }
 
-/// Keeps the key while the session lives; heals when it dies.
-async fn run(shared: Arc<Shared>, first: Held, cancel: CancellationToken) {
+/// Registers (unless `first` did) and keeps the key while the session lives; heals when it
+/// dies.
+async fn run(shared: Arc<Shared>, first: Option<Held>, cancel: CancellationToken) {
     let cfg = &shared.config;
     let seed = cfg.backoff_seed ^ retry::seed(&[cfg.key.as_bytes()]);
     let mut backoff = Backoff::new(cfg.initial_backoff, cfg.max_backoff, seed);
-    let (mut session, mut revisions) = first;
-    tracing::info!(lease_id = %session.lease(), "registered");
+    let mut next = first;
+    let mut healing = false;
     loop {
+        let (session, revisions) = match next.take() {
+            Some(held) => held,
+            None => match establish(&shared, &mut backoff, healing, &cancel).await {
+                Some(held) => held,
+                None => return,
+            },
+        };
+        if healing {
+            tracing::info!(lease_id = %session.lease(), "registration healed");
+        } else {
+            tracing::info!(lease_id = %session.lease(), "registered");
+        }
         // Hold the key until the session ends (or the registration stops).
         let end = tokio::select! {
             biased;
-            _ = cancel.cancelled() => {
-                session.orphan().await;
-                return;
-            }
+            _ = cancel.cancelled() => return,
             end = hold(&shared, &session, revisions) => end,
         };
         tracing::warn!(lease_id = %session.lease(), reason = %end, "registration lost; healing");
-        // A lease given up at its deadline may live on at the store, and the key with it: it
-        // goes once the key is under the new lease (or at stop, if that comes first).
-        if end == SessionEnd::Expired {
-            shared.abandoned().push(session.lease());
-        }
         shared.lease.store(0, Ordering::SeqCst);
         shared.set_session(None);
-        let lost = session.lease();
-        session.end(end);
+        if end == SessionEnd::LeaseLost {
+            // The store may have said so to us alone: the host's session must not be reused.
+            shared.host.evict(session.lease()).await;
+        }
+        healing = true;
         if crate::planted::enabled(crate::planted::Bug::RegistrationGivesUpOnLoss) {
             shared
                 .status
@@ -433,39 +563,55 @@ async fn run(shared: Arc<Shared>, first: Held, cancel: CancellationToken) {
             cancel.cancelled().await;
             return;
         }
-        // Heal: a fresh lease and the key under it, backing off between attempts.
-        let mut attempt = 0;
-        (session, revisions) = loop {
-            attempt += 1;
+    }
+}
+
+/// Registers, backing off between attempts (and before the first, when healing: the loss
+/// may be the store restarting). `None` when cancelled.
+async fn establish(
+    shared: &Shared,
+    backoff: &mut Backoff,
+    healing: bool,
+    cancel: &CancellationToken,
+) -> Option<Held> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        if healing {
             shared
                 .status
                 .send_replace(RegistrationStatus::Healing { attempt });
-            crate::sync::explore::point().await;
-            let delay = backoff.next_delay();
-            tokio::select! {
-                biased;
-                _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(delay) => {}
-            }
-            // A cancel that lands during the attempt waits for it: the attempt has published
-            // its lease first, so stop() revokes whatever it wrote.
-            match register(&shared).await {
-                Ok(held) => break held,
-                Err(e) => tracing::debug!(
-                    attempt,
-                    backoff_ms = delay.as_millis() as u64,
-                    error = &e as &dyn std::error::Error,
-                    "heal attempt failed"
-                ),
-            }
+        }
+        crate::sync::explore::point().await;
+        let delay = if healing || attempt > 1 {
+            backoff.next_delay()
+        } else {
+            Duration::ZERO
         };
-        if !crate::planted::enabled(crate::planted::Bug::BackoffNeverResets) {
-            backoff.reset();
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return None,
+            _ = tokio::time::sleep(delay) => {}
         }
-        if end == SessionEnd::Expired {
-            shared.release(lost);
+        // A cancel that lands during the attempt waits for it: the attempt has published
+        // its lease first, so stop() removes whatever it wrote.
+        match register(shared).await {
+            Ok(held) => {
+                if !crate::planted::enabled(crate::planted::Bug::BackoffNeverResets) {
+                    backoff.reset();
+                }
+                if attempt > 1 || healing {
+                    tracing::debug!(attempts = attempt, "registered after retrying");
+                }
+                return Some(held);
+            }
+            Err(e) => tracing::debug!(
+                attempt,
+                backoff_ms = delay.as_millis() as u64,
+                error = &e as &dyn std::error::Error,
+                "registration attempt failed"
+            ),
         }
-        tracing::info!(lease_id = %session.lease(), attempts = attempt, "registration healed");
     }
 }
 
@@ -473,11 +619,11 @@ async fn run(shared: Arc<Shared>, first: Held, cancel: CancellationToken) {
 /// lease. Returns why the session ended.
 async fn hold(
     shared: &Shared,
-    session: &Session,
+    session: &SessionHandle,
     (created, modified): (Revision, Revision),
 ) -> SessionEnd {
     let mut follow = Follow::new(
-        shared.store.clone(),
+        shared.store().clone(),
         shared.config.key.clone().into_bytes(),
         modified.next(),
         Some((created, modified)),
@@ -502,7 +648,7 @@ async fn hold(
 /// Puts the key back after it was deleted, retrying until it is back or the session ends. A
 /// lease that turns out to be gone (the delete was its expiry or revocation) ends the hold at
 /// once, so the heal starts now rather than at the session's next renewal.
-async fn put_back(shared: &Shared, session: &Session) -> Option<SessionEnd> {
+async fn put_back(shared: &Shared, session: &SessionHandle) -> Option<SessionEnd> {
     let mut backoff = retry::store_backoff(retry::seed(&[shared.config.key.as_bytes()]));
     loop {
         let put = tokio::select! {

@@ -23,13 +23,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::retry::{self, Backoff};
-use crate::election::{withdraw, Cleanup};
+use super::task::Task;
+use crate::campaign::{withdraw, Cleanup};
 use crate::error::{Error, ErrorClass, Result};
 use crate::store::{DynKvLeaseStore, KeepAlive};
 use crate::sync::watch;
@@ -435,8 +435,8 @@ impl SessionHandle {
 #[derive(Debug)]
 pub struct Session {
     handle: SessionHandle,
-    cancel: CancellationToken,
-    task: Mutex<Option<JoinHandle<()>>>,
+    /// The renewals; taken by whoever stops them first.
+    task: Mutex<Option<Task>>,
     revoke_on_drop: bool,
 }
 
@@ -465,7 +465,6 @@ impl Session {
         });
         let every = config.renew_interval.unwrap_or(grant.ttl / 3);
         let span = tracing::info_span!("session", lease_id = %grant.id, ttl_ms = grant.ttl.as_millis() as u64);
-        let cancel = CancellationToken::new();
         let mut renewer = Renewer::new(inner.clone(), every);
         let mut next = sent + every;
         if Instant::now() >= next {
@@ -476,7 +475,11 @@ impl Session {
             // Nothing relies on the session yet, so its deadline (counted from the grant's
             // send) may pass meanwhile: a renewal acknowledged now proves the lease lives a
             // TTL from this renewal's send.
-            match renewer.renew(&cancel, false).instrument(span.clone()).await {
+            match renewer
+                .renew(&CancellationToken::new(), false)
+                .instrument(span.clone())
+                .await
+            {
                 Attempt::Renewed { sent } => next = sent + every,
                 other => {
                     inner.end(SessionEnd::Expired);
@@ -493,10 +496,9 @@ impl Session {
             }
         }
         tracing::debug!(parent: &span, "session started");
-        let task = tokio::spawn(renewer.run(next, cancel.clone()).instrument(span));
+        let task = Task::spawn(span, |cancel| renewer.run(next, cancel));
         Ok(Session {
             handle: SessionHandle { inner },
-            cancel,
             task: Mutex::new(Some(task)),
             revoke_on_drop: config.revoke_on_drop,
         })
@@ -542,11 +544,13 @@ impl Session {
         &self.handle.inner.store
     }
 
+    fn task(&self) -> Option<Task> {
+        self.task.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
     async fn stop_renewing(&self) {
-        self.cancel.cancel();
-        let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(task) = task {
-            let _ = task.await;
+        if let Some(mut task) = self.task() {
+            task.stop().await;
         }
     }
 
@@ -578,8 +582,8 @@ impl Session {
 
     /// Stops renewing, recording why the owner gave the session up (a lease it found gone, a
     /// deadline it saw pass), without revoking.
-    pub(crate) fn end(self, why: SessionEnd) {
-        self.cancel.cancel();
+    pub(crate) fn end(&self, why: SessionEnd) {
+        drop(self.task());
         self.handle.inner.end(why);
     }
 
@@ -591,9 +595,15 @@ impl Session {
     }
 }
 
+impl From<&Session> for SessionHandle {
+    fn from(session: &Session) -> Self {
+        session.handle()
+    }
+}
+
 impl Drop for Session {
     fn drop(&mut self) {
-        self.cancel.cancel();
+        drop(self.task());
         let inner = &self.handle.inner;
         if inner.state().ended.is_some() {
             return;

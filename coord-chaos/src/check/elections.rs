@@ -181,7 +181,6 @@ impl Invariant for FencedWrites {
 /// S2: at most one node believes it leads an election at any instant, unless a believer
 /// was paused or an operator revoked or deleted keys shortly before.
 pub(super) fn s2_belief_exclusivity(run: &Run<'_>, out: &mut Vec<Violation>) {
-    let ttl = run.scenario.ttl;
     let leading = &run.beliefs.leading;
     for (i, a) in leading.iter().enumerate() {
         for b in &leading[i + 1..] {
@@ -193,21 +192,7 @@ pub(super) fn s2_belief_exclusivity(run: &Run<'_>, out: &mut Vec<Violation>) {
             if end <= start {
                 continue;
             }
-            let paused = [a.who.node, b.who.node].iter().any(|n| {
-                run.beliefs.fault_near(
-                    Some(*n),
-                    &[FaultKind::Pause],
-                    start.saturating_sub(ttl),
-                    end,
-                )
-            });
-            let operator = run.beliefs.fault_near(
-                None,
-                &[FaultKind::Revoke, FaultKind::Delete],
-                start.saturating_sub(ttl),
-                start,
-            );
-            if !paused && !operator {
+            if !excused_overlap(run, a.who.node, b.who.node, start, end) {
                 out.push(run.violation(
                     "S2",
                     start,
@@ -223,6 +208,35 @@ pub(super) fn s2_belief_exclusivity(run: &Run<'_>, out: &mut Vec<Violation>) {
             }
         }
     }
+}
+
+/// Whether two nodes' leaderships (or their terms' work) may overlap in `start..end`: one of
+/// them was paused around it (only the fence protects against a pause past the deadline), or
+/// an operator revoked or deleted keys shortly before (the deposed node learns of it only
+/// when its watch tells it).
+pub(super) fn excused_overlap(
+    run: &Run<'_>,
+    a: usize,
+    b: usize,
+    start: Duration,
+    end: Duration,
+) -> bool {
+    let ttl = run.scenario.ttl;
+    let paused = [a, b].iter().any(|n| {
+        run.beliefs.fault_near(
+            Some(*n),
+            &[FaultKind::Pause],
+            start.saturating_sub(ttl),
+            end,
+        )
+    });
+    let operator = run.beliefs.fault_near(
+        None,
+        &[FaultKind::Revoke, FaultKind::Delete],
+        start.saturating_sub(ttl),
+        start,
+    );
+    paused || operator
 }
 
 /// S3: a leadership begins only while its key exists and is the oldest of the election

@@ -16,6 +16,7 @@ mod registrations;
 mod stops;
 mod truth;
 mod watchers;
+mod work;
 
 use std::fmt;
 use std::time::Duration;
@@ -240,8 +241,9 @@ fn named(name: &'static str, check: fn(&Run<'_>, &mut Vec<Violation>)) -> Box<dy
 }
 
 /// The invariants every run is held to, whatever the service: of elections (S1 tokens grow,
-/// S2 beliefs exclusive, S3 no phantom leadership, L5 a leader exists, L6 failover), of
-/// leases (L3 a crashed node's leases end in time) and of consumers (C1).
+/// S2 beliefs exclusive, S3 no phantom leadership, L5 a leader exists, L6 failover, W1 the
+/// work of two terms never overlaps), of leases (L3 a crashed node's leases end in time) and
+/// of consumers (C1).
 pub fn generic() -> Vec<Box<dyn Invariant>> {
     vec![
         named("S1", elections::s1_tokens_grow),
@@ -251,6 +253,7 @@ pub fn generic() -> Vec<Box<dyn Invariant>> {
         named("L5", elections::l5_leader_exists),
         named("L6", elections::l6_failover),
         named("C1", consumers::c1_consistent_state),
+        named("W1", work::w1_work_never_overlaps),
     ]
 }
 

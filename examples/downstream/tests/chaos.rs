@@ -1,10 +1,8 @@
 //! The ticker under coord-chaos, from a user's crate: its own invariants besides the generic
 //! ones, and its bug (ticks written without the fence) caught.
 
-use std::time::Duration;
-
 use coord_chaos::{FencedWrites, Invariant, Node, Run, Runner, Scenario, Service, Violation};
-use coord_downstream::{parse_tick, session, Ticker, ELECTION, TICKS};
+use coord_downstream::{parse_tick, Ticker, ELECTION, TICKS};
 use futures::future::BoxFuture;
 
 struct TickerService {
@@ -20,37 +18,23 @@ impl Service for TickerService {
         let fenced = self.fenced;
         Box::pin(async move {
             let ttl = node.scenario().ttl;
-            while !node.is_stopping() {
-                let Ok(s) = session(node.store(), ttl).await else {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                };
-                let ticker = Ticker {
-                    store: node.store(),
-                    fenced,
-                    every: ttl / 5,
-                };
-                let who = node.who().to_string();
-                let won = tokio::select! {
-                    _ = node.stopping() => return,
-                    won = ticker.lead_once(&s, &who) => won,
-                };
-                let Ok(lead) = won else {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                };
-                node.leader_start(ELECTION, lead.token());
-                tokio::select! {
-                    _ = node.stopping() => {}
-                    _ = ticker.tick(&lead) => {}
+            let ticker = Ticker {
+                store: node.store().clone(),
+                fenced,
+                every: ttl / 5,
+            };
+            let observer = node.clone();
+            let running = ticker.start(&node.who().to_string(), ttl, move |ticker, term| {
+                let node = observer.clone();
+                async move {
+                    node.leader_start(ELECTION, term.token());
+                    let _work = node.work_started(ELECTION, term.token());
+                    ticker.term(&term).await;
+                    node.leader_end(ELECTION, term.token(), term.loss().is_none());
                 }
-                let stopping = node.is_stopping();
-                node.leader_end(ELECTION, lead.token(), stopping);
-                if stopping {
-                    let _ = lead.resign().await;
-                    let _ = s.stop().await;
-                }
-            }
+            });
+            node.stopping().await;
+            let _ = running.stop().await;
         })
     }
 

@@ -1,17 +1,15 @@
 //! A scenario on `SimStore` as a user's test writes it (a current-thread runtime with paused
 //! time and no seed, what `#[tokio::test(start_paused = true)]` builds), run 20 times: every
-//! history is the same, in a build without `--cfg tokio_unstable`. Registrations, an election,
-//! a watcher, and two writes of one client held and released together (which used to commit in
+//! history is the same, in a build without `--cfg tokio_unstable`. Three ticker nodes (each a
+//! registration and a candidate on one lease), a watcher, and two writes of one client held and released together (which used to commit in
 //! either order, as tokio woke a watch channel's waiters in a random order).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use coord_api::recipes::{
-    ClusterWatcher, ClusterWatcherConfig, Election, HostRegistration, RegistrationConfig,
-};
+use coord_api::recipes::{ClusterWatcher, ClusterWatcherConfig};
 use coord_api::{DynKvLeaseStore, KvLeaseStoreExt};
-use coord_downstream::session;
+use coord_downstream::{Ticker, HOSTS};
 use coord_sim::SimStore;
 use tokio::time::Instant;
 
@@ -37,19 +35,26 @@ fn scenario() -> Vec<String> {
             .map(|c| Arc::new(c.clone()) as Arc<DynKvLeaseStore>)
             .collect();
         let ttl = Duration::from_secs(3);
-        let mut regs = Vec::new();
+        let mut nodes = Vec::new();
         for (i, s) in stores.iter().enumerate() {
-            regs.push(
-                HostRegistration::start(
-                    s.clone(),
-                    RegistrationConfig::new(format!("hosts/{i}"), "m").with_ttl(ttl),
-                )
-                .await
-                .unwrap(),
-            );
+            let ticker = Ticker {
+                store: s.clone(),
+                fenced: true,
+                every: ttl / 5,
+            };
+            let log = log.clone();
+            nodes.push(ticker.start(&format!("n{i}"), ttl, move |ticker, term| {
+                let log = log.clone();
+                async move {
+                    log.lock()
+                        .unwrap()
+                        .push(format!("n{i} leads {}", term.token()));
+                    ticker.term(&term).await;
+                }
+            }));
         }
         let mut watcher =
-            ClusterWatcher::start(stores[0].clone(), ClusterWatcherConfig::new("hosts/"))
+            ClusterWatcher::start(stores[0].clone(), ClusterWatcherConfig::new(HOSTS))
                 .await
                 .unwrap();
         let watched = log.clone();
@@ -58,23 +63,6 @@ fn scenario() -> Vec<String> {
                 watched.lock().unwrap().push(format!("watcher {e:?}"));
             }
         });
-        for (i, s) in stores.iter().enumerate() {
-            let (s, log) = (s.clone(), log.clone());
-            tokio::spawn(async move {
-                loop {
-                    let Ok(session) = session(&s, ttl).await else {
-                        return;
-                    };
-                    let election = Election::new(&session, "e");
-                    if let Ok(lead) = election.campaign(format!("n{i}")).await {
-                        log.lock()
-                            .unwrap()
-                            .push(format!("n{i} leads {}", lead.token()));
-                        lead.lost().await;
-                    }
-                }
-            });
-        }
         tokio::time::sleep(Duration::from_secs(1)).await;
         // Two writes of one client, held, then released together.
         clients[1].hold();
@@ -90,7 +78,9 @@ fn scenario() -> Vec<String> {
         clients[0].repair();
         sim.close_streams();
         tokio::time::sleep(Duration::from_secs(10)).await;
-        drop(regs);
+        for node in nodes {
+            let _ = node.stop().await;
+        }
         let out = log.lock().unwrap().clone();
         out
     })

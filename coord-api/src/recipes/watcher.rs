@@ -24,11 +24,10 @@ use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use super::retry::{self, Backoff};
+use super::task::Task;
 use crate::error::{Error, Result};
 use crate::request::{GetRequest, WatchRequest};
 use crate::store::{DynKvLeaseStore, KvLeaseStoreExt};
@@ -130,12 +129,12 @@ pub struct ClusterView {
 /// }
 /// # Ok(()) }
 /// ```
+#[must_use = "dropping the watcher stops it"]
 #[derive(Debug)]
 pub struct ClusterWatcher {
     view: watch::Receiver<Arc<ClusterView>>,
     events: mpsc::Receiver<ClusterEvent>,
-    cancel: CancellationToken,
-    task: Option<JoinHandle<()>>,
+    task: Task,
 }
 
 impl ClusterWatcher {
@@ -182,15 +181,9 @@ impl ClusterWatcher {
             }
         }
         w.backlog.extend(first);
-        let cancel = CancellationToken::new();
         let span = tracing::info_span!("cluster_watcher", prefix = %w.config.prefix);
-        let task = tokio::spawn(w.run(cancel.clone()).instrument(span));
-        Ok(ClusterWatcher {
-            view,
-            events,
-            cancel,
-            task: Some(task),
-        })
+        let task = Task::spawn(span, |cancel| w.run(cancel));
+        Ok(ClusterWatcher { view, events, task })
     }
 
     /// The current view.
@@ -213,18 +206,15 @@ impl ClusterWatcher {
         futures::stream::unfold(self, |mut w| async move { w.next().await.map(|e| (e, w)) }).boxed()
     }
 
-    /// Stops the watcher; events already queued can still be read, then `next` returns `None`.
-    pub async fn stop(&mut self) {
-        self.cancel.cancel();
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
+    /// Stops the watcher and returns the events it had queued but not yet handed out (the
+    /// view already holds them).
+    pub async fn stop(mut self) -> Vec<ClusterEvent> {
+        self.task.stop().await;
+        let mut queued = Vec::new();
+        while let Ok(e) = self.events.try_recv() {
+            queued.push(e);
         }
-    }
-}
-
-impl Drop for ClusterWatcher {
-    fn drop(&mut self) {
-        self.cancel.cancel();
+        queued
     }
 }
 

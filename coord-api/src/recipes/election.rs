@@ -20,12 +20,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::follow::Follow;
-use super::session::{Session, SessionEnd, SessionHandle, SessionHealth};
-use crate::election::{self, candidate_key, LeaderKey};
+use super::session::{SessionEnd, SessionHandle, SessionHealth};
+use super::task::Task;
+use crate::campaign::{self, candidate_key, LeaderKey};
 use crate::error::{Error, Result};
 use crate::request::{Compare, CompareOp, GetRequest, PutRequest, TxnOp, TxnRequest, TxnResponse};
 use crate::store::{DynKvLeaseStore, KvLeaseStore, LeaderStream};
@@ -42,11 +42,13 @@ pub struct Election {
 }
 
 impl Election {
-    /// The election `name`, under `session`'s lease.
-    pub fn new(session: &Session, name: impl Into<String>) -> Self {
+    /// The election `name`, under `session`'s lease (a [`&Session`](super::Session) or a
+    /// [`SessionHandle`]).
+    pub fn new(session: impl Into<SessionHandle>, name: impl Into<String>) -> Self {
+        let session = session.into();
         Election {
             store: session.store().clone(),
-            session: session.handle(),
+            session,
             name: name.into(),
             held: None,
         }
@@ -84,7 +86,7 @@ impl Election {
         let won = tokio::select! {
             biased;
             end = self.session.done() => return Err(self.ended(end)),
-            r = election::campaign_with(&*self.store, &self.name, value, lease, cleanup) => r?,
+            r = campaign::campaign_with(&*self.store, &self.name, value, lease, cleanup) => r?,
         };
         self.runway(&won).await?;
         crate::sync::explore::point().await;
@@ -142,7 +144,7 @@ impl Election {
             Err(e) => {
                 // A write that may have applied leaves a key nobody waits for: withdraw it.
                 if e.class() == crate::ErrorClass::Indeterminate {
-                    if let election::Cleanup::HandOff(withdraw) = self.session.cleanup(&self.name) {
+                    if let campaign::Cleanup::HandOff(withdraw) = self.session.cleanup(&self.name) {
                         let unknown = LeaderKey {
                             name: self.name.clone(),
                             key: Bytes::from(key),
@@ -306,7 +308,8 @@ pub struct Leadership {
     session: SessionHandle,
     key: LeaderKey,
     lost: Arc<watch::Sender<Option<LossReason>>>,
-    watcher: JoinHandle<()>,
+    /// Watches for the loss; cancelled on drop.
+    _watcher: Task,
     held: Option<Arc<AtomicUsize>>,
 }
 
@@ -318,12 +321,15 @@ impl Leadership {
         held: Option<Arc<AtomicUsize>>,
     ) -> Self {
         let lost = Arc::new(watch::Sender::new(None));
-        let watcher = tokio::spawn(watch_loss(
-            store.clone(),
-            session.clone(),
-            key.clone(),
-            lost.clone(),
-        ));
+        let span = tracing::info_span!("leadership", election = %key.name, token = %key.token);
+        let watching = watch_loss(store.clone(), session.clone(), key.clone(), lost.clone());
+        let watcher = Task::spawn(span, |cancel| async move {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => {}
+                _ = watching => {}
+            }
+        });
         if let Some(h) = &held {
             h.fetch_add(1, Ordering::SeqCst);
         }
@@ -332,7 +338,7 @@ impl Leadership {
             session,
             key,
             lost,
-            watcher,
+            _watcher: watcher,
             held,
         }
     }
@@ -355,6 +361,11 @@ impl Leadership {
     /// Whether the session's renewals are working: the last acknowledged one, the time left.
     pub fn health(&self) -> SessionHealth {
         self.session.health()
+    }
+
+    /// The session's TTL.
+    pub fn ttl(&self) -> Duration {
+        self.session.ttl()
     }
 
     /// Why the leadership ended, if it has (its deadline passing counts).
@@ -449,7 +460,6 @@ impl Leadership {
 
 impl Drop for Leadership {
     fn drop(&mut self) {
-        self.watcher.abort();
         if let Some(h) = &self.held {
             h.fetch_sub(1, Ordering::SeqCst);
         }
@@ -465,6 +475,11 @@ pub struct Fence {
 }
 
 impl Fence {
+    /// Why the leadership ended, if it has been seen to end.
+    pub(crate) fn loss(&self) -> Option<LossReason> {
+        self.lost.get()
+    }
+
     /// The leadership's fencing token.
     pub fn token(&self) -> Revision {
         self.key.token
