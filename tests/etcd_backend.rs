@@ -18,7 +18,7 @@ async fn three() -> EtcdCluster {
 }
 
 /// With the member it talks to killed, not one request fails: reads and writes move to the
-/// next member. (etcd-client alone failed 31% of requests here: ETCD-NOTES.md 3.6.)
+/// next member. (etcd-client alone failed 31% of requests here: docs/ETCD-BEHAVIOUR.md 3.6.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_member_fails_no_request() {
     let cluster = three().await;

@@ -3,7 +3,7 @@
 //! proxy (shorter and longer than the TTL), a compaction storm under a watcher, an operator's
 //! revoke and delete, and the raft leader of three members killed.
 //!
-//! Each test asserts the bounds of RELIABILITY.md c2 and prints what it measured. Real time:
+//! Each test asserts the bounds of docs/INVARIANTS.md and prints what it measured. Real time:
 //! TTL 3 s; slack 1 s for etcd's 500 ms expiry tick and a loaded 2-core machine.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -662,7 +662,7 @@ async fn the_raft_leader_of_three_killed_with_hosts_and_an_election() {
     // The client fails over to a live member within its request timeout; etcd's new leader
     // refreshes every lease (TTL + election timeout), so the keys ride through.
     // EtcdConfig's default request timeout: a write forwarded to the dead leader is held
-    // that long (ETCD-NOTES 3.6).
+    // that long (docs/ETCD-BEHAVIOUR.md 3.6).
     let bound = Duration::from_secs(5) + TTL + SLACK;
     within(bound, "a write after the kill", async {
         loop {

@@ -4,9 +4,6 @@
 //! Bounds carry stated slack: etcd checks lease expiry every 500 ms, and a loaded CI machine
 //! adds scheduling delay, so 1 s.
 
-#[path = "recipes/mod.rs"]
-mod recipes;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,11 +11,11 @@ use coord_api::recipes::{
     ClusterEvent, ClusterWatcher, ClusterWatcherConfig, Election, HostRegistration, Leadership,
     RegistrationConfig, RegistrationStatus, Session, SessionConfig,
 };
+use coord_api::testkit::recipes::{Case, Client, Control, Fixture};
 use coord_api::testkit::{eventually, within};
 use coord_api::{DynKvLeaseStore, KvLeaseStore, KvLeaseStoreExt};
 use coord_etcd::testing::{EtcdCluster, TcpProxy};
 use coord_etcd::{EtcdConfig, EtcdStore};
-use recipes::fixture::{Client, Control, Fixture};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -117,7 +114,7 @@ impl Fixture for EtcdFixture {
     }
 }
 
-fn run(case: recipes::Case) {
+fn run(case: Case) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -129,7 +126,7 @@ fn run(case: recipes::Case) {
     });
 }
 
-recipes::recipe_tests!(run);
+coord_api::recipe_tests!(run);
 
 // ---- figures ------------------------------------------------------------------------------
 

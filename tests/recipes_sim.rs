@@ -1,15 +1,12 @@
 //! The recipe cases on `SimStore`, in virtual time: deterministic, and a 10 s TTL passes in
 //! no wall time. Faults: `close_streams`, a client cut off through its own handle, latency.
 
-#[path = "recipes/mod.rs"]
-mod recipes;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use coord_api::testkit::recipes::{Case, Client, Control, Fixture};
 use coord_api::DynKvLeaseStore;
 use coord_sim::SimStore;
-use recipes::fixture::{Client, Control, Fixture};
 
 struct SimFixture {
     sim: SimStore,
@@ -72,7 +69,7 @@ impl Fixture for SimFixture {
     }
 }
 
-fn run(case: recipes::Case) {
+fn run(case: Case) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -86,4 +83,4 @@ fn run(case: recipes::Case) {
     });
 }
 
-recipes::recipe_tests!(run);
+coord_api::recipe_tests!(run);

@@ -3,7 +3,7 @@
 //! its known faults:
 //!
 //! * etcd's Go `Campaign` (and etcd 3.4's server-side election) can return a leadership
-//!   whose key is already gone (etcd#11051, #19597; measured, ETCD-NOTES.md 3.5). Here the
+//!   whose key is already gone (etcd#11051, #19597; measured, `docs/ETCD-BEHAVIOUR.md` 3.5). Here the
 //!   waiting candidate watches its own key as well as its predecessor's, and it only returns
 //!   after one consistent read showed its key present, with its create revision, and first.
 //! * A dropped campaign leaves its key queued until the lease ends; here a guard deletes it.

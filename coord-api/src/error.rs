@@ -295,7 +295,6 @@ mod tests {
         ];
         for (err, class) in cases {
             assert_eq!(err.class(), class, "{err}");
-            assert_eq!(err.is_retryable(), class == ErrorClass::Retryable);
         }
     }
 }

@@ -48,7 +48,7 @@
 //! | feature     | what it adds |
 //! |-------------|--------------|
 //! | `test-util` | `testkit`: the conformance suite every backend runs, and `conformance_tests!`. Not API-stable. |
-//! | `planted-bugs` | deliberate defects in the recipes, each switched on at run time by [`planted::enable`], for testing the simulator's checkers. Never in production. |
+//! | `planted-bugs` | deliberate defects in the recipes, each switched on at run time, for proving the chaos checkers (not part of the API). Never in production. |
 //!
 //! # Cancellation and shutdown
 //!
@@ -59,6 +59,7 @@
 
 mod campaign;
 mod error;
+#[doc(hidden)]
 pub mod planted;
 pub mod recipes;
 mod request;
@@ -86,3 +87,8 @@ pub use types::{Event, EventKind, KeyRange, KeyValue, LeaseId, Limits, Revision}
 // Re-exported so backends and users name the same versions.
 pub use async_trait::async_trait;
 pub use bytes::Bytes;
+
+/// The crate's README, whose examples are compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -18,6 +18,7 @@ use crate::types::{Event, KeyRange, KeyValue, LeaseId, Revision};
 
 /// Read one key or a prefix, at the latest or a past revision.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct GetRequest {
     /// The keys to read.
     pub range: KeyRange,
@@ -62,6 +63,7 @@ impl GetRequest {
 
 /// What a get returns.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct GetResponse {
     /// The store's revision when it served the read (the latest, even for a read at a past
     /// revision, as etcd reports it).
@@ -74,8 +76,28 @@ pub struct GetResponse {
     pub more: bool,
 }
 
+impl GetResponse {
+    /// A response at `revision` with `kvs`, the whole range (`count` is their number).
+    pub fn new(revision: Revision, kvs: Vec<KeyValue>) -> Self {
+        GetResponse {
+            revision,
+            count: kvs.len() as u64,
+            kvs,
+            more: false,
+        }
+    }
+
+    /// The range holds `count` keys in all; `more` when `limit` cut the result short.
+    pub fn with_count(mut self, count: u64, more: bool) -> Self {
+        self.count = count;
+        self.more = more;
+        self
+    }
+}
+
 /// Write one key.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PutRequest {
     /// The key; must not be empty.
     pub key: Bytes,
@@ -113,6 +135,7 @@ impl PutRequest {
 
 /// What a put returns.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct PutResponse {
     /// The revision of this write.
     pub revision: Revision,
@@ -120,8 +143,16 @@ pub struct PutResponse {
     pub prev_kv: Option<KeyValue>,
 }
 
+impl PutResponse {
+    /// A write at `revision`, with the key as it was before (if asked for).
+    pub fn new(revision: Revision, prev_kv: Option<KeyValue>) -> Self {
+        PutResponse { revision, prev_kv }
+    }
+}
+
 /// Delete one key or a prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DeleteRequest {
     /// The keys to delete.
     pub range: KeyRange,
@@ -157,6 +188,7 @@ impl DeleteRequest {
 
 /// What a delete returns.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct DeleteResponse {
     /// The revision of this delete; the unchanged current revision when nothing was deleted.
     pub revision: Revision,
@@ -164,6 +196,17 @@ pub struct DeleteResponse {
     pub deleted: u64,
     /// The deleted keys, if asked for.
     pub prev_kvs: Vec<KeyValue>,
+}
+
+impl DeleteResponse {
+    /// A delete at `revision` of `deleted` keys, with their previous values (if asked for).
+    pub fn new(revision: Revision, deleted: u64, prev_kvs: Vec<KeyValue>) -> Self {
+        DeleteResponse {
+            revision,
+            deleted,
+            prev_kvs,
+        }
+    }
 }
 
 /// How a [`Compare`] relates the stored field to the given one.
@@ -196,6 +239,7 @@ pub enum CompareTarget {
 
 /// One condition of a transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Compare {
     /// The key compared (with `prefix`: every key starting with it).
     pub key: Bytes,
@@ -210,7 +254,8 @@ pub struct Compare {
 }
 
 impl Compare {
-    fn new(key: impl Into<Vec<u8>>, op: CompareOp, target: CompareTarget) -> Self {
+    /// Compare `key`'s `target` field by `op` (the constructors below name the target).
+    pub fn new(key: impl Into<Vec<u8>>, op: CompareOp, target: CompareTarget) -> Self {
         Compare {
             key: Bytes::from(key.into()),
             op,
@@ -291,6 +336,7 @@ impl From<DeleteRequest> for TxnOp {
 /// An atomic if/then/else: when every compare holds, run `success`, else `failure`. All writes
 /// of the branch that runs share one revision.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct TxnRequest {
     /// The conditions, all of which must hold.
     pub compares: Vec<Compare>,
@@ -348,6 +394,7 @@ impl TxnOpResponse {
 
 /// What a transaction returns.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct TxnResponse {
     /// The store revision after the transaction (unchanged when it wrote nothing).
     pub revision: Revision,
@@ -357,8 +404,21 @@ pub struct TxnResponse {
     pub responses: Vec<TxnOpResponse>,
 }
 
+impl TxnResponse {
+    /// A transaction at `revision` whose compares held (`succeeded`) or not, with the
+    /// responses of the branch that ran.
+    pub fn new(revision: Revision, succeeded: bool, responses: Vec<TxnOpResponse>) -> Self {
+        TxnResponse {
+            revision,
+            succeeded,
+            responses,
+        }
+    }
+}
+
 /// A lease as granted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeaseGrant {
     /// The lease's id.
     pub id: LeaseId,
@@ -367,8 +427,16 @@ pub struct LeaseGrant {
     pub ttl: Duration,
 }
 
+impl LeaseGrant {
+    /// Lease `id`, granted with `ttl`.
+    pub fn new(id: LeaseId, ttl: Duration) -> Self {
+        LeaseGrant { id, ttl }
+    }
+}
+
 /// A live lease's remaining time.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LeaseTimeToLive {
     /// The lease.
     pub id: LeaseId,
@@ -380,8 +448,21 @@ pub struct LeaseTimeToLive {
     pub keys: Vec<Bytes>,
 }
 
+impl LeaseTimeToLive {
+    /// Lease `id` with `ttl` left of `granted_ttl`, and the keys attached to it.
+    pub fn new(id: LeaseId, ttl: Duration, granted_ttl: Duration, keys: Vec<Bytes>) -> Self {
+        LeaseTimeToLive {
+            id,
+            ttl,
+            granted_ttl,
+            keys,
+        }
+    }
+}
+
 /// Watch one key or a prefix.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WatchRequest {
     /// The keys to watch.
     pub range: KeyRange,
@@ -437,6 +518,7 @@ impl WatchRequest {
 
 /// One batch from a watch: the events of one or more whole revisions, in revision order.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct WatchResponse {
     /// The store's revision when the batch was sent. For a progress notification: every event
     /// up to this revision has been delivered.
@@ -446,6 +528,11 @@ pub struct WatchResponse {
 }
 
 impl WatchResponse {
+    /// A batch sent at `revision` with `events` (none: a progress notification).
+    pub fn new(revision: Revision, events: Vec<Event>) -> Self {
+        WatchResponse { revision, events }
+    }
+
     /// True for a progress notification (no events).
     pub fn is_progress_notify(&self) -> bool {
         self.events.is_empty()

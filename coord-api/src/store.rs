@@ -79,6 +79,15 @@ pub trait KvLeaseStore: fmt::Debug + Send + Sync + 'static {
     /// Another handle to the same store that may outlive `&self`. The provided election
     /// methods use it to finish clean-up after a cancelled campaign and to drive
     /// [`observe`](KvLeaseStore::observe) streams.
+    ///
+    /// # Contract
+    /// * The handle reaches the same store and sees every write `self` made (it reads its
+    ///   own writes, as `self` does).
+    /// * It is the same client: the same connection, credentials, limits and timeouts, and
+    ///   the same faults, so that a clean-up issued through it is judged as `self`'s would be
+    ///   (a test that cuts `self` off cuts the clean-up off too). For a backend whose handle
+    ///   is a cheap clone of shared state, `Arc::new(self.clone())`.
+    /// * It must not block or do I/O.
     fn shared(&self) -> Arc<DynKvLeaseStore>;
 
     /// Reads one key or a prefix.

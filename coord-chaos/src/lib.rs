@@ -118,3 +118,8 @@ pub use timeline::timeline;
 pub use turmoil_world::{
     simulate_service_turmoil, simulate_turmoil, turmoil_fault_kinds, turmoil_supports,
 };
+
+/// The crate's README, whose examples are compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -44,12 +44,11 @@ fn header_revision(h: Option<&ec::ResponseHeader>) -> Revision {
 }
 
 pub(crate) fn get_response(r: ec::GetResponse) -> GetResponse {
-    GetResponse {
-        revision: header_revision(r.header()),
-        kvs: r.kvs().iter().map(kv).collect(),
-        count: r.count().max(0) as u64,
-        more: r.more(),
-    }
+    GetResponse::new(
+        header_revision(r.header()),
+        r.kvs().iter().map(kv).collect(),
+    )
+    .with_count(r.count().max(0) as u64, r.more())
 }
 
 pub(crate) fn put_options(req: &PutRequest) -> ec::PutOptions {
@@ -64,10 +63,7 @@ pub(crate) fn put_options(req: &PutRequest) -> ec::PutOptions {
 }
 
 pub(crate) fn put_response(r: ec::PutResponse) -> PutResponse {
-    PutResponse {
-        revision: header_revision(r.header()),
-        prev_kv: r.prev_key().map(kv),
-    }
+    PutResponse::new(header_revision(r.header()), r.prev_key().map(kv))
 }
 
 pub(crate) fn delete(req: &DeleteRequest) -> (Vec<u8>, ec::DeleteOptions) {
@@ -82,11 +78,11 @@ pub(crate) fn delete(req: &DeleteRequest) -> (Vec<u8>, ec::DeleteOptions) {
 }
 
 pub(crate) fn delete_response(r: ec::DeleteResponse) -> DeleteResponse {
-    DeleteResponse {
-        revision: header_revision(r.header()),
-        deleted: r.deleted().max(0) as u64,
-        prev_kvs: r.prev_kvs().iter().map(kv).collect(),
-    }
+    DeleteResponse::new(
+        header_revision(r.header()),
+        r.deleted().max(0) as u64,
+        r.prev_kvs().iter().map(kv).collect(),
+    )
 }
 
 fn compare(c: &coord_api::Compare) -> ec::Compare {
@@ -134,21 +130,18 @@ pub(crate) fn txn(req: &TxnRequest) -> ec::Txn {
 }
 
 pub(crate) fn txn_response(r: ec::TxnResponse) -> TxnResponse {
-    TxnResponse {
-        revision: header_revision(r.header()),
-        succeeded: r.succeeded(),
-        responses: r
-            .op_responses()
-            .into_iter()
-            .filter_map(|o| match o {
-                ec::TxnOpResponse::Get(g) => Some(TxnOpResponse::Get(get_response(g))),
-                ec::TxnOpResponse::Put(p) => Some(TxnOpResponse::Put(put_response(p))),
-                ec::TxnOpResponse::Delete(d) => Some(TxnOpResponse::Delete(delete_response(d))),
-                // coord never sends nested transactions.
-                ec::TxnOpResponse::Txn(_) => None,
-            })
-            .collect(),
-    }
+    let responses = r
+        .op_responses()
+        .into_iter()
+        .filter_map(|o| match o {
+            ec::TxnOpResponse::Get(g) => Some(TxnOpResponse::Get(get_response(g))),
+            ec::TxnOpResponse::Put(p) => Some(TxnOpResponse::Put(put_response(p))),
+            ec::TxnOpResponse::Delete(d) => Some(TxnOpResponse::Delete(delete_response(d))),
+            // coord never sends nested transactions.
+            ec::TxnOpResponse::Txn(_) => None,
+        })
+        .collect();
+    TxnResponse::new(header_revision(r.header()), r.succeeded(), responses)
 }
 
 pub(crate) fn event(e: &ec::Event) -> Option<Event> {

@@ -34,3 +34,8 @@ pub mod testing;
 
 pub use config::{EtcdConfig, TlsConfig};
 pub use store::EtcdStore;
+
+/// The crate's README, whose examples are compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -25,7 +25,7 @@ use crate::watch;
 /// One endpoint and, once connected, its client. Each endpoint gets its own client (a
 /// channel to that member alone) so the store decides where a request goes: etcd-client's
 /// own balancer keeps picking a dead member and fails about a third of requests after a
-/// member dies (ETCD-NOTES.md 3.6).
+/// member dies (`docs/ETCD-BEHAVIOUR.md` 3.6).
 struct Endpoint {
     url: String,
     /// The connection, and the token that ends the streams opened on it when it is
@@ -608,10 +608,10 @@ impl KvLeaseStore for EtcdStore {
                 c.lease_grant(secs, None).await
             })
             .await?;
-        Ok(LeaseGrant {
-            id: LeaseId(r.id()),
-            ttl: Duration::from_secs(r.ttl().max(0) as u64),
-        })
+        Ok(LeaseGrant::new(
+            LeaseId(r.id()),
+            Duration::from_secs(r.ttl().max(0) as u64),
+        ))
     }
 
     async fn revoke(&self, lease: LeaseId) -> Result<Revision> {
@@ -642,12 +642,12 @@ impl KvLeaseStore for EtcdStore {
         let mut keys: Vec<Bytes> = r.keys().iter().map(|k| Bytes::from(k.clone())).collect();
         // etcd lists them in map order; the contract promises key order.
         keys.sort();
-        Ok(LeaseTimeToLive {
-            id: lease,
-            ttl: Duration::from_secs(r.ttl() as u64),
-            granted_ttl: Duration::from_secs(r.granted_ttl().max(0) as u64),
+        Ok(LeaseTimeToLive::new(
+            lease,
+            Duration::from_secs(r.ttl() as u64),
+            Duration::from_secs(r.granted_ttl().max(0) as u64),
             keys,
-        })
+        ))
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<Box<dyn KeepAlive>> {

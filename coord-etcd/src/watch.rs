@@ -68,7 +68,7 @@ pub(crate) async fn open(store: &EtcdStore, req: WatchRequest) -> Result<WatchSt
                     }
                     let events = resp.events().iter().filter_map(convert::event).collect();
                     let revision = Revision(resp.header().map_or(0, |h| h.revision()));
-                    yield Ok(WatchResponse { revision, events });
+                    yield Ok(WatchResponse::new(revision, events));
                 }
                 Ok(None) => {
                     yield Err(Error::StreamClosed { stream: "watch", source: Some("the server ended the stream".into()) });

@@ -70,3 +70,8 @@ pub mod state;
 mod store;
 
 pub use store::{CompactionTask, SimConfig, SimStore};
+
+/// The crate's README, whose examples are compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

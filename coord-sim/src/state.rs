@@ -243,12 +243,7 @@ impl State {
                 more = true;
             }
         }
-        GetResponse {
-            revision: header,
-            kvs,
-            count,
-            more,
-        }
+        GetResponse::new(header, kvs).with_count(count, more)
     }
 
     /// Reads a key or a prefix.
@@ -307,10 +302,7 @@ impl State {
             kv,
             prev_kv: prev.clone(),
         });
-        PutResponse {
-            revision: p.revision,
-            prev_kv: if req.prev_kv { prev } else { None },
-        }
+        PutResponse::new(p.revision, if req.prev_kv { prev } else { None })
     }
 
     fn delete_key(&mut self, p: &mut Pending, key: &Bytes) -> Option<KeyValue> {
@@ -346,11 +338,11 @@ impl State {
                 prev_kvs.push(prev);
             }
         }
-        DeleteResponse {
-            revision: self.seen_revision(p),
-            deleted: live.len() as u64,
-            prev_kvs: if req.prev_kv { prev_kvs } else { Vec::new() },
-        }
+        DeleteResponse::new(
+            self.seen_revision(p),
+            live.len() as u64,
+            if req.prev_kv { prev_kvs } else { Vec::new() },
+        )
     }
 
     /// Commits a pending write: advances the revision, logs the events, queues deliveries.
@@ -371,10 +363,7 @@ impl State {
             if !events.is_empty() {
                 self.outbox.push(Delivery {
                     watch: id,
-                    item: Ok(WatchResponse {
-                        revision: p.revision,
-                        events,
-                    }),
+                    item: Ok(WatchResponse::new(p.revision, events)),
                 });
             }
         }
@@ -508,11 +497,7 @@ impl State {
         }
         let revision = self.seen_revision(&p);
         self.commit(p);
-        Ok(TxnResponse {
-            revision,
-            succeeded,
-            responses,
-        })
+        Ok(TxnResponse::new(revision, succeeded, responses))
     }
 
     // ---- leases ------------------------------------------------------------------------
@@ -553,7 +538,7 @@ impl State {
             ttl,
             origin,
         });
-        LeaseGrant { id, ttl }
+        LeaseGrant::new(id, ttl)
     }
 
     fn remove_lease(&mut self, id: LeaseId) -> Option<Revision> {
@@ -600,12 +585,12 @@ impl State {
             .get(&id)
             .ok_or(Error::LeaseNotFound { lease: id })?;
         let remaining = lease.deadline.saturating_duration_since(now);
-        Ok(LeaseTimeToLive {
+        Ok(LeaseTimeToLive::new(
             id,
-            ttl: Duration::from_secs(remaining.as_secs()),
-            granted_ttl: lease.ttl,
-            keys: lease.keys.iter().cloned().collect(),
-        })
+            Duration::from_secs(remaining.as_secs()),
+            lease.ttl,
+            lease.keys.iter().cloned().collect(),
+        ))
     }
 
     /// An etcd leader change as the leases see it: the new leader's lessor refreshes every
@@ -708,10 +693,7 @@ impl State {
             if !events.is_empty() {
                 self.outbox.push(Delivery {
                     watch: id,
-                    item: Ok(WatchResponse {
-                        revision: self.revision,
-                        events,
-                    }),
+                    item: Ok(WatchResponse::new(self.revision, events)),
                 });
             }
             let w = self.watchers.get_mut(&id).expect("listed");

@@ -867,7 +867,7 @@ fn watch_stream(
                         rx.is_empty().then(|| inner.state.revision())
                     };
                     if let Some(revision) = revision {
-                        yield Ok(WatchResponse { revision, events: Vec::new() });
+                        yield Ok(WatchResponse::new(revision, Vec::new()));
                     }
                 }
             }

@@ -1,6 +1,6 @@
 //! [`Election`] on a [`Session`], and the [`Leadership`] it hands out.
 //!
-//! The safety argument, in two layers (RELIABILITY.md S1, S2):
+//! The safety argument, in two layers (`docs/INVARIANTS.md` S1, S2):
 //! * **Fenced.** A leadership's token is its key's create revision, which grows from one
 //!   leader to the next. [`Leadership::fenced`] makes a transaction conditional on the key
 //!   still standing as created, so once another candidate can lead, the old leader's fenced

@@ -10,8 +10,8 @@
 //!
 //! which expands to one `#[test]` per case in a module `conformance`, so cases filter by name
 //! (`cargo test conformance::watch_`) and fail alone. The harness decides how to run a case:
-//! which runtime (virtual time for a simulator, real time for a live store), which store, and
-//! for an [`Isolation::Exclusive`] case, a store no other case writes to while it runs.
+//! which runtime (virtual time for a simulator, real time for a live store), and which store:
+//! a fresh one per case (some cases assert exact global revision arithmetic, or compact).
 //!
 //! Cases are written to run on real etcd too: TTLs come from [`Limits`], every wait is bounded
 //! and polls a condition instead of sleeping a fixed time, and each case keeps to its own key
@@ -33,27 +33,15 @@ pub mod election;
 pub mod kv;
 pub mod lease;
 mod macros;
+pub mod recipes;
 pub mod txn;
 pub mod watch;
-
-/// Whether a case can share its store with other cases running at the same time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Isolation {
-    /// The case keeps to its own prefix and asserts nothing about the global revision beyond
-    /// its own writes' ordering; it may share a store with concurrent cases.
-    Shared,
-    /// The case asserts exact global revision arithmetic or compacts; it needs a store no
-    /// other case writes to while it runs.
-    Exclusive,
-}
 
 /// One conformance case.
 #[derive(Debug, Clone, Copy)]
 pub struct Case {
     /// The case's name, which is also its test's name.
     pub name: &'static str,
-    /// What store it needs.
-    pub isolation: Isolation,
     /// The case's body.
     pub run: fn(Ctx) -> BoxFuture<'static, ()>,
 }

@@ -516,7 +516,7 @@ impl EtcdCluster {
 impl Drop for EtcdCluster {
     fn drop(&mut self) {
         // SIGKILL, not SIGTERM: a member of a cluster that lost quorum takes seconds to
-        // shut down gracefully (ETCD-NOTES.md 4.1), and a paused member dies just the same.
+        // shut down gracefully (docs/ETCD-BEHAVIOUR.md 4.1), and a paused member dies just the same.
         for i in 0..self.members.len() {
             self.kill(i);
         }

@@ -49,11 +49,14 @@ pub(crate) fn get(r: PbRangeRequest) -> Result<GetRequest, Status> {
             "coord-sim does not serve sorted, keys-only or count-only ranges",
         ));
     }
-    Ok(GetRequest {
-        range: range(r.key, r.range_end)?,
-        revision: positive(r.revision).map(Revision),
-        limit: positive(r.limit).map(|l| l as u64),
-    })
+    let mut get = GetRequest::range(range(r.key, r.range_end)?);
+    if let Some(revision) = positive(r.revision) {
+        get = get.with_revision(revision);
+    }
+    if let Some(limit) = positive(r.limit) {
+        get = get.with_limit(limit as u64);
+    }
+    Ok(get)
 }
 
 pub(crate) fn kv(kv: KeyValue) -> PbKeyValue {
@@ -82,12 +85,14 @@ pub(crate) fn put(r: PbPutRequest) -> Result<PutRequest, Status> {
             "coord-sim does not serve ignore_value or ignore_lease",
         ));
     }
-    Ok(PutRequest {
-        key: Bytes::from(r.key),
-        value: Bytes::from(r.value),
-        lease: (r.lease != 0).then_some(LeaseId(r.lease)),
-        prev_kv: r.prev_kv,
-    })
+    let mut put = PutRequest::new(r.key, r.value);
+    if r.lease != 0 {
+        put = put.with_lease(LeaseId(r.lease));
+    }
+    if r.prev_kv {
+        put = put.with_prev_kv();
+    }
+    Ok(put)
 }
 
 pub(crate) fn put_response(r: PutResponse) -> PbPutResponse {
@@ -98,9 +103,11 @@ pub(crate) fn put_response(r: PutResponse) -> PbPutResponse {
 }
 
 pub(crate) fn delete(r: PbDeleteRequest) -> Result<DeleteRequest, Status> {
-    Ok(DeleteRequest {
-        range: range(r.key, r.range_end)?,
-        prev_kv: r.prev_kv,
+    let delete = DeleteRequest::range(range(r.key, r.range_end)?);
+    Ok(if r.prev_kv {
+        delete.with_prev_kv()
+    } else {
+        delete
     })
 }
 
@@ -136,11 +143,11 @@ fn compare(c: PbCompare) -> Result<Compare, Status> {
         KeyRange::Key(_) => false,
         KeyRange::Prefix(_) => true,
     };
-    Ok(Compare {
-        key: Bytes::from(c.key),
-        op,
-        target,
-        prefix,
+    let compare = Compare::new(c.key, op, target);
+    Ok(if prefix {
+        compare.with_prefix()
+    } else {
+        compare
     })
 }
 
@@ -157,15 +164,17 @@ fn op(o: etcd_client::proto::PbTxnRequestOp) -> Result<TxnOp, Status> {
 }
 
 pub(crate) fn txn(t: PbTxnRequest) -> Result<TxnRequest, Status> {
-    Ok(TxnRequest {
-        compares: t
-            .compare
-            .into_iter()
-            .map(compare)
-            .collect::<Result<_, _>>()?,
-        success: t.success.into_iter().map(op).collect::<Result<_, _>>()?,
-        failure: t.failure.into_iter().map(op).collect::<Result<_, _>>()?,
-    })
+    let compares: Vec<Compare> = t
+        .compare
+        .into_iter()
+        .map(compare)
+        .collect::<Result<_, _>>()?;
+    let success: Vec<TxnOp> = t.success.into_iter().map(op).collect::<Result<_, _>>()?;
+    let failure: Vec<TxnOp> = t.failure.into_iter().map(op).collect::<Result<_, _>>()?;
+    Ok(TxnRequest::new()
+        .when(compares)
+        .and_then(success)
+        .or_else(failure))
 }
 
 pub(crate) fn txn_response(r: TxnResponse) -> PbTxnResponse {

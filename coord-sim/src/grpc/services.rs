@@ -310,12 +310,16 @@ async fn serve_watches(store: SimStore, mut requests: Streaming<PbWatchRequest>,
                         break;
                     }
                 };
-                let req = WatchRequest {
-                    range,
-                    start_revision: (c.start_revision > 0).then_some(Revision(c.start_revision)),
-                    prev_kv: c.prev_kv,
-                    progress_notify: c.progress_notify,
-                };
+                let mut req = WatchRequest::range(range);
+                if c.start_revision > 0 {
+                    req = req.with_start_revision(Revision(c.start_revision));
+                }
+                if c.prev_kv {
+                    req = req.with_prev_kv();
+                }
+                if c.progress_notify {
+                    req = req.with_progress_notify();
+                }
                 let stream = match store.watch(req).await {
                     Ok(s) => s,
                     Err(e) => {

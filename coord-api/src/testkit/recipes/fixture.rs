@@ -4,17 +4,26 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use coord_api::DynKvLeaseStore;
+use crate::DynKvLeaseStore;
 
 /// One client of the store whose connection a test controls.
-pub(crate) struct Client {
+pub struct Client {
     /// The client's store handle.
-    pub(crate) store: Arc<DynKvLeaseStore>,
+    pub store: Arc<DynKvLeaseStore>,
     control: Box<dyn Control>,
 }
 
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("store", &self.store)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Client {
-    pub(crate) fn new(store: Arc<DynKvLeaseStore>, control: impl Control + 'static) -> Self {
+    /// A client whose connection `control` breaks.
+    pub fn new(store: Arc<DynKvLeaseStore>, control: impl Control + 'static) -> Self {
         Client {
             store,
             control: Box::new(control),
@@ -22,33 +31,33 @@ impl Client {
     }
 
     /// Ends every keep-alive and watch stream of the client; new ones work.
-    pub(crate) async fn close_streams(&self) {
+    pub async fn close_streams(&self) {
         self.control.close_streams().await
     }
 
     /// Cuts the client off from the store, or reconnects it.
-    pub(crate) fn cut_off(&self, on: bool) {
+    pub fn cut_off(&self, on: bool) {
         self.control.cut_off(on)
     }
 
     /// Delays every request the client sends from now on by `by` on its way to the store
     /// (zero: no delay); a request already on its way keeps the delay it had.
-    pub(crate) fn delay_requests(&self, by: Duration) {
+    pub fn delay_requests(&self, by: Duration) {
         self.control.delay_requests(by)
     }
 }
 
 /// How a backend breaks one client's connection.
-#[coord_api::async_trait]
-pub(crate) trait Control: Send + Sync {
+#[async_trait::async_trait]
+pub trait Control: Send + Sync {
     async fn close_streams(&self);
     fn cut_off(&self, on: bool);
     fn delay_requests(&self, by: Duration);
 }
 
 /// A backend for the recipe tests.
-#[coord_api::async_trait]
-pub(crate) trait Fixture: Send + Sync {
+#[async_trait::async_trait]
+pub trait Fixture: Send + Sync {
     /// A store handle nobody cuts off (the "rest of the world").
     fn store(&self) -> Arc<DynKvLeaseStore>;
     /// A fresh client with its own connection.

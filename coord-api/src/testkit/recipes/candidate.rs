@@ -1,0 +1,185 @@
+//! The cases of `Candidate`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::recipes::{
+    Candidate, CandidateConfig, CandidateStatus, ElectionPool, SessionConfig, Term,
+};
+use crate::testkit::{eventually, within};
+use crate::{Error, KvLeaseStore};
+use tokio::time::Instant;
+
+use super::fixture::Fixture;
+use super::support::*;
+
+/// The work of each term a candidate won: its token, when it began, when it stopped.
+#[derive(Debug, Clone)]
+struct Worked {
+    who: &'static str,
+    token: crate::Revision,
+    from: Instant,
+    until: Option<Instant>,
+}
+
+type Log = Arc<std::sync::Mutex<Vec<Worked>>>;
+
+/// Records the end of a term's work when the work returns or is dropped.
+struct Ends(Log, usize);
+
+impl Drop for Ends {
+    fn drop(&mut self) {
+        self.0.lock().unwrap()[self.1].until = Some(Instant::now());
+    }
+}
+
+/// Work that runs until its term is over (or, if `stubborn`, forever), recording itself.
+fn logged(
+    who: &'static str,
+    log: &Log,
+    stubborn: bool,
+) -> impl FnMut(Term) -> futures::future::BoxFuture<'static, ()> + Send + 'static {
+    let log = log.clone();
+    move |term: Term| {
+        let log = log.clone();
+        Box::pin(async move {
+            let i = {
+                let mut l = log.lock().unwrap();
+                l.push(Worked {
+                    who,
+                    token: term.token(),
+                    from: Instant::now(),
+                    until: None,
+                });
+                l.len() - 1
+            };
+            let _ends = Ends(log, i);
+            if stubborn {
+                std::future::pending::<()>().await;
+            }
+            term.over().await;
+        })
+    }
+}
+
+fn assert_no_overlap(log: &Log) {
+    let l = log.lock().unwrap().clone();
+    for (i, a) in l.iter().enumerate() {
+        for b in &l[i + 1..] {
+            let a_end = a.until.expect("every term's work ended");
+            assert!(
+                b.from >= a_end,
+                "the work of {} (token {}) ran until {:?} after {} (token {}) began: {l:?}",
+                a.who,
+                a.token,
+                a_end - b.from,
+                b.who,
+                b.token
+            );
+        }
+    }
+}
+
+async fn leading(c: &Candidate, bound: Duration) -> crate::Revision {
+    let mut status = c.subscribe();
+    let s = within(
+        bound,
+        "a term",
+        status.wait_for(|s| matches!(s, CandidateStatus::Leading { .. })),
+    )
+    .await
+    .unwrap();
+    match s {
+        CandidateStatus::Leading { token } => token,
+        _ => unreachable!(),
+    }
+}
+
+pub async fn a_candidate_hands_over_only_once_its_work_stopped(fx: &dyn Fixture) {
+    let store = fx.store();
+    let log = Log::default();
+    let config = |v: &str| CandidateConfig::new("jobs", v.to_owned());
+    let pa = ElectionPool::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()));
+    let pb = ElectionPool::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()));
+    let a = Candidate::spawn(&pa, config("a"), logged("a", &log, false));
+    let first = leading(&a, prompt(fx)).await;
+    let b = Candidate::spawn(&pb, config("b"), logged("b", &log, false));
+    // b waits behind a; a's stop ends a's work, then resigns, and b leads.
+    tokio::time::sleep(prompt(fx)).await;
+    assert!(!b.is_leader());
+    a.stop().await.unwrap();
+    let second = leading(&b, prompt(fx)).await;
+    assert!(second > first);
+    b.stop().await.unwrap();
+    assert_no_overlap(&log);
+    assert_eq!(log.lock().unwrap().len(), 2);
+    assert!(matches!(
+        store.leader("jobs").await,
+        Err(Error::NoLeader { .. })
+    ));
+}
+
+pub async fn a_cut_off_candidate_stops_its_work_before_anyone_else_leads(fx: &dyn Fixture) {
+    let store = fx.store();
+    let log = Log::default();
+    let client = fx.client().await;
+    let pa = ElectionPool::new(
+        client.store.clone(),
+        SessionConfig::default().with_ttl(fx.ttl()),
+    );
+    let pb = ElectionPool::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()));
+    // a's work ignores the end of its term: the candidate must drop it by the deadline.
+    let a = Candidate::spawn(
+        &pa,
+        CandidateConfig::new("jobs", "a"),
+        logged("a", &log, true),
+    );
+    leading(&a, prompt(fx)).await;
+    let b = Candidate::spawn(
+        &pb,
+        CandidateConfig::new("jobs", "b"),
+        logged("b", &log, false),
+    );
+    client.cut_off(true);
+    // b leads once a's lease expires at the store; a's work is gone by then.
+    leading(&b, fx.ttl() * 2 + fx.slack()).await;
+    assert_no_overlap(&log);
+    client.cut_off(false);
+    b.stop().await.unwrap();
+    a.stop().await.unwrap();
+}
+
+pub async fn a_candidate_rests_between_terms_and_counts_them(fx: &dyn Fixture) {
+    let store = fx.store();
+    let pool = ElectionPool::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()));
+    let terms = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = terms.clone();
+    let rest = Duration::from_millis(300);
+    // Each term's work returns at once: the candidate resigns, rests, and campaigns again.
+    let c = Candidate::spawn(
+        &pool,
+        CandidateConfig::new("jobs", "a").with_rest(rest),
+        move |term: Term| {
+            seen.lock()
+                .unwrap()
+                .push((term.number(), term.token(), Instant::now()));
+            async {}
+        },
+    );
+    eventually(prompt(fx) * 4, "three terms", || async {
+        terms.lock().unwrap().len() >= 3
+    })
+    .await;
+    c.stop().await.unwrap();
+    let terms = terms.lock().unwrap().clone();
+    for pair in terms.windows(2) {
+        let ((n0, t0, at0), (n1, t1, at1)) = (pair[0], pair[1]);
+        assert_eq!(n1, n0 + 1, "terms are counted");
+        assert!(t1 > t0, "each term's token is larger");
+        assert!(at1 - at0 >= rest, "rested {:?} between terms", at1 - at0);
+    }
+    assert!(matches!(
+        store.leader("jobs").await,
+        Err(Error::NoLeader { .. })
+    ));
+}

@@ -1,0 +1,229 @@
+//! The cases of `Election` and `Leadership`, fencing included.
+
+use std::time::Duration;
+
+use crate::recipes::{Election, LossReason};
+use crate::testkit::{eventually, within};
+use crate::{Error, KvLeaseStore, KvLeaseStoreExt, PutRequest, TxnRequest};
+use futures::StreamExt;
+use tokio::time::Instant;
+
+use super::fixture::Fixture;
+use super::support::*;
+
+pub async fn campaign_cancelled_by_a_timeout_says_so_and_leaves_no_key(fx: &dyn Fixture) {
+    let store = fx.store();
+    let (a, b) = (session(fx, &store).await, session(fx, &store).await);
+    let _lead = Election::new(&a, "e").campaign("a").await.unwrap();
+    let err = Election::new(&b, "e")
+        .campaign_timeout("b", Duration::from_millis(500))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Cancelled {
+                operation: "campaign"
+            }
+        ),
+        "{err:?}"
+    );
+    eventually(prompt(fx), "the candidate key to go", || async {
+        store.get_prefix("e/").await.unwrap().count == 1
+    })
+    .await;
+}
+
+pub async fn a_crashed_leaders_successor_wins_within_one_ttl(fx: &dyn Fixture) {
+    let store = fx.store();
+    let (a, b) = (session(fx, &store).await, session(fx, &store).await);
+    let lead = Election::new(&a, "e").campaign("a").await.unwrap();
+    let eb = Election::new(&b, "e");
+    let waiting = tokio::spawn(async move { eb.campaign("b").await });
+    tokio::time::sleep(fx.ttl() / 2).await;
+    let crash = Instant::now();
+    drop(lead);
+    drop(a); // renewals stop; nothing is revoked
+    let won = within(fx.ttl() * 2 + fx.slack(), "the successor", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        crash.elapsed() <= fx.ttl() + fx.slack(),
+        "successor after {:?}",
+        crash.elapsed()
+    );
+    assert!(won.token() > 0);
+    drop(b);
+}
+
+pub async fn no_phantom_leadership_when_the_candidates_lease_dies_while_waiting(fx: &dyn Fixture) {
+    let store = fx.store();
+    let (a, b) = (session(fx, &store).await, session(fx, &store).await);
+    let lead = Election::new(&a, "e").campaign("a").await.unwrap();
+    let eb = Election::new(&b, "e");
+    let waiting = tokio::spawn(async move { eb.campaign("b").await });
+    eventually(prompt(fx), "b to queue", || async {
+        store.get_prefix("e/").await.unwrap().count == 2
+    })
+    .await;
+    store.revoke(b.lease()).await.unwrap();
+    lead.resign().await.unwrap();
+    let res = within(prompt(fx), "the campaign to end", waiting)
+        .await
+        .unwrap();
+    assert!(matches!(res, Err(Error::CandidacyLost { .. })), "{res:?}");
+    assert!(matches!(
+        store.leader("e").await,
+        Err(Error::NoLeader { .. })
+    ));
+}
+
+pub async fn try_campaign_never_blocks(fx: &dyn Fixture) {
+    let store = fx.store();
+    let (a, b) = (session(fx, &store).await, session(fx, &store).await);
+    let lead = Election::new(&a, "e")
+        .try_campaign("a")
+        .await
+        .unwrap()
+        .expect("nobody led");
+    let before = Instant::now();
+    let other = Election::new(&b, "e").try_campaign("b").await.unwrap();
+    assert!(other.is_none());
+    assert!(
+        before.elapsed() <= fx.slack(),
+        "took {:?}",
+        before.elapsed()
+    );
+    assert_eq!(
+        store.get_prefix("e/").await.unwrap().count,
+        1,
+        "the loser queued nothing"
+    );
+    lead.resign().await.unwrap();
+    assert!(Election::new(&b, "e")
+        .try_campaign("b")
+        .await
+        .unwrap()
+        .is_some());
+}
+
+pub async fn leadership_is_lost_at_the_deadline_when_cut_off(fx: &dyn Fixture) {
+    let client = fx.client().await;
+    let s = session(fx, &client.store).await;
+    let lead = Election::new(&s, "e").campaign("a").await.unwrap();
+    tokio::time::sleep(fx.ttl() / 2).await;
+    client.cut_off(true);
+    let deadline = lead.deadline();
+    within(fx.ttl() * 2, "the leadership to be lost", lead.lost()).await;
+    assert!(!lead.is_leader());
+    let now = Instant::now();
+    assert!(
+        now <= deadline + Duration::from_millis(50) + fx.slack() / 4,
+        "stepped down {:?} late",
+        now - deadline
+    );
+    // The rest of the world sees the key until the store expires the lease, which is no
+    // earlier than the deadline: no other leader could have been elected before we stepped down.
+    client.cut_off(false);
+}
+
+pub async fn leadership_is_lost_when_its_key_is_deleted_and_fencing_stops_its_writes(
+    fx: &dyn Fixture,
+) {
+    let store = fx.store();
+    let s = session(fx, &store).await;
+    let lead = Election::new(&s, "e").campaign("a").await.unwrap();
+    let write =
+        |v: &'static str| lead.fenced(TxnRequest::new().and_then([PutRequest::new("resource", v)]));
+    assert!(store.txn(write("by leader")).await.unwrap().succeeded);
+    store.delete_key(lead.key().key.to_vec()).await.unwrap();
+    within(prompt(fx), "the loss", lead.lost()).await;
+    assert!(!lead.is_leader());
+    assert!(!store.txn(write("after loss")).await.unwrap().succeeded);
+    assert_eq!(
+        store.get_key("resource").await.unwrap().unwrap().value,
+        "by leader".as_bytes()
+    );
+    assert!(matches!(
+        lead.proclaim("x").await,
+        Err(Error::NotLeader { .. })
+    ));
+}
+
+async fn next_leader(fx: &dyn Fixture, obs: &mut crate::LeaderStream) -> crate::KeyValue {
+    within(prompt(fx), "an observed leader", obs.next())
+        .await
+        .expect("stream open")
+        .expect("no error")
+}
+
+pub async fn observe_and_leader_follow_the_election(fx: &dyn Fixture) {
+    let store = fx.store();
+    let (a, b) = (session(fx, &store).await, session(fx, &store).await);
+    let ea = Election::new(&a, "e");
+    let lead = ea.campaign("a").await.unwrap();
+    let mut obs = ea.observe().await.unwrap();
+    assert_eq!(next_leader(fx, &mut obs).await.value, "a".as_bytes());
+    lead.proclaim("a2").await.unwrap();
+    assert_eq!(next_leader(fx, &mut obs).await.value, "a2".as_bytes());
+    let eb = Election::new(&b, "e");
+    let waiting = tokio::spawn(async move { eb.campaign("b").await });
+    eventually(prompt(fx), "b to queue", || async {
+        store.get_prefix("e/").await.unwrap().count == 2
+    })
+    .await;
+    lead.resign().await.unwrap();
+    let b_lead = within(prompt(fx), "b to lead", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(next_leader(fx, &mut obs).await.value, "b".as_bytes());
+    assert_eq!(
+        Election::new(&a, "e").leader().await.unwrap().value,
+        "b".as_bytes()
+    );
+    b_lead.resign().await.unwrap();
+}
+
+pub async fn a_deposed_leaders_write_is_fenced_out_and_ends_its_leadership(fx: &dyn Fixture) {
+    let store = fx.store();
+    let (a, b) = (session(fx, &store).await, session(fx, &store).await);
+    let lead = Election::new(&a, "e").campaign("a").await.unwrap();
+    let put = |v: &'static str| TxnRequest::new().and_then([PutRequest::new("resource", v)]);
+    assert!(lead.txn(put("by a")).await.unwrap().succeeded);
+    // The caller's own compare failing is an ordinary failed transaction: still leading.
+    let own = put("never").when([crate::Compare::value(
+        "resource",
+        crate::CompareOp::Equal,
+        "other",
+    )]);
+    let r = lead.txn(own).await.unwrap();
+    assert!(!r.succeeded, "the caller's compare failed");
+    assert!(
+        lead.is_leader(),
+        "a failed compare of the caller's is not a deposition"
+    );
+    // Deposed: the key deleted and someone else elected, before `a` hears of it.
+    store.delete_key(lead.key().key.to_vec()).await.unwrap();
+    let next = Election::new(&b, "e").campaign("b").await.unwrap();
+    match lead.txn(put("by a, deposed")).await {
+        Err(Error::FencedOut { election, token }) => {
+            assert_eq!((election.as_str(), token), ("e", lead.token()));
+        }
+        other => panic!("a deposed leader's write must be fenced out, got {other:?}"),
+    }
+    assert!(!lead.is_leader(), "the refusal ended the leadership");
+    let why = within(prompt(fx), "the loss", lead.lost()).await;
+    assert!(
+        matches!(why, LossReason::FencedOut | LossReason::KeyDeleted),
+        "lost for {why:?}"
+    );
+    assert_eq!(
+        store.get_key("resource").await.unwrap().unwrap().value,
+        "by a".as_bytes(),
+        "the store refused the deposed leader's write"
+    );
+    assert!(next.txn(put("by b")).await.unwrap().succeeded);
+    next.resign().await.unwrap();
+}

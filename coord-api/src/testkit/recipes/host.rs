@@ -1,0 +1,136 @@
+//! The cases of `HostSession`: one lease shared by a host's recipes.
+
+use std::time::Duration;
+
+use crate::recipes::{
+    ElectionPool, HostRegistration, HostSession, RegistrationStatus, SessionConfig,
+};
+use crate::testkit::{eventually, within};
+use crate::{Error, KvLeaseStore, KvLeaseStoreExt};
+
+use super::fixture::Fixture;
+use super::support::*;
+
+pub async fn a_host_session_shares_one_lease_and_heals_it(fx: &dyn Fixture) {
+    let store = fx.store();
+    let host = HostSession::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()));
+    let r = HostRegistration::start_on(&host, reg(fx, "hosts/a", "m"))
+        .await
+        .unwrap();
+    let pool = ElectionPool::on(&host);
+    let lead = pool.campaign("e", "a").await.unwrap();
+    let first = r.lease_id();
+    assert_eq!(
+        lead.key().lease,
+        first,
+        "one lease for the registration and the election"
+    );
+    assert_eq!(host.stats().sessions, 1);
+
+    // The shared lease is lost: the registration heals onto a new one, the leadership ends,
+    // and the next campaign uses the new lease too.
+    store.revoke(first).await.unwrap();
+    within(prompt(fx), "the leadership's loss", lead.lost()).await;
+    let mut status = r.subscribe();
+    within(
+        fx.ttl(),
+        "the registration's heal",
+        status
+            .wait_for(|s| matches!(s, RegistrationStatus::Registered { lease } if *lease != first)),
+    )
+    .await
+    .unwrap();
+    let again = pool.campaign("e", "a").await.unwrap();
+    assert_eq!(
+        again.key().lease,
+        r.lease_id(),
+        "still one lease after the heal"
+    );
+    assert_eq!(host.stats().sessions, 2);
+
+    // The pool's stop takes its keys and leaves the registration's.
+    pool.stop().await.unwrap();
+    within(prompt(fx), "the leadership's end", again.lost()).await;
+    assert!(matches!(
+        store.leader("e").await,
+        Err(Error::NoLeader { .. })
+    ));
+    assert!(
+        present(&store, "hosts/a").await,
+        "the registration is untouched"
+    );
+    // The registration's stop takes its key and leaves the host's lease.
+    let lease = r.lease_id();
+    r.stop().await.unwrap();
+    assert!(!present(&store, "hosts/a").await);
+    assert!(
+        store.time_to_live(lease).await.is_ok(),
+        "the host's lease lives on"
+    );
+    host.stop().await.unwrap();
+    assert!(matches!(
+        store.time_to_live(lease).await,
+        Err(Error::LeaseNotFound { .. })
+    ));
+}
+
+pub async fn a_registration_spawned_while_cut_off_registers_when_the_store_answers(
+    fx: &dyn Fixture,
+) {
+    let client = fx.client().await;
+    client.cut_off(true);
+    let r = HostRegistration::spawn(client.store.clone(), reg(fx, "hosts/a", "m")).unwrap();
+    // Cut off for a while: it cannot register, and must not give up.
+    tokio::time::sleep(fx.request_timeout() + fx.ttl()).await;
+    assert_eq!(r.status(), RegistrationStatus::Registering);
+    assert!(!present(&fx.store(), "hosts/a").await);
+    client.cut_off(false);
+    let mut status = r.subscribe();
+    // The backoff has grown to a few seconds by now; it is capped at 30 s.
+    let bound = fx.request_timeout() + Duration::from_secs(30) + fx.slack();
+    within(
+        bound,
+        "the registration",
+        status.wait_for(|s| matches!(s, RegistrationStatus::Registered { .. })),
+    )
+    .await
+    .unwrap();
+    let kv = fx
+        .store()
+        .get_key("hosts/a")
+        .await
+        .unwrap()
+        .expect("registered");
+    assert_eq!(kv.lease, r.lease_id());
+    r.stop().await.unwrap();
+    assert!(!present(&fx.store(), "hosts/a").await);
+}
+
+pub async fn a_registration_with_revoke_on_drop_removes_its_key_when_dropped(fx: &dyn Fixture) {
+    let store = fx.store();
+    let own = HostRegistration::start(
+        store.clone(),
+        reg(fx, "hosts/own", "m").with_revoke_on_drop(true),
+    )
+    .await
+    .unwrap();
+    let host = HostSession::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()));
+    let shared = HostRegistration::start_on(
+        &host,
+        reg(fx, "hosts/shared", "m").with_revoke_on_drop(true),
+    )
+    .await
+    .unwrap();
+    let lease = shared.lease_id();
+    drop(own);
+    drop(shared);
+    eventually(prompt(fx), "both keys removed", || async {
+        !present(&store, "hosts/own").await && !present(&store, "hosts/shared").await
+    })
+    .await;
+    assert!(
+        store.time_to_live(lease).await.is_ok(),
+        "the host's lease lives on"
+    );
+    host.stop().await.unwrap();
+}

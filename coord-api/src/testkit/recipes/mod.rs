@@ -1,0 +1,81 @@
+//! The recipes' promises, each a named case, written once and run on every backend: the
+//! recipes (`Session`, `HostSession`, `HostRegistration`, `ClusterWatcher`, `Election`,
+//! `ElectionPool`, `Candidate`) on the backend's store, under the faults its [`Fixture`] can
+//! make (streams closed, a client cut off, requests delayed). A third-party backend runs them
+//! as coord's own do, with one line:
+//!
+//! ```text
+//! coord_api::recipe_tests!(run); // run: fn(coord_api::testkit::recipes::Case)
+//! ```
+//!
+//! which expands to one `#[test]` per case; `run` builds the runtime (virtual time for a
+//! simulator, real time for a live store) and a [`Fixture`], and runs the case on it. Each
+//! case's name says what it checks. Not API-stable.
+
+#![allow(missing_docs)]
+
+pub mod candidate;
+pub mod election;
+pub mod fixture;
+pub mod host;
+pub mod pool;
+pub mod registration;
+pub mod session;
+mod support;
+pub mod watcher;
+
+pub use fixture::{Client, Control, Fixture};
+
+/// A case, as the generated tests hand it to a backend's runner.
+pub type Case =
+    for<'a> fn(&'a dyn Fixture) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + 'a>>;
+
+/// One `#[test]` per recipe case, each handed to `$run: fn(Case)`; see the module docs.
+#[macro_export]
+macro_rules! recipe_tests {
+    ($run:ident) => {
+        $crate::recipe_tests!(@ $run;
+            session::session_renews_and_outlives_its_ttl,
+            session::session_done_fires_at_the_local_deadline_when_cut_off,
+            session::session_survives_a_grant_answered_late,
+            session::session_reports_a_revoked_lease,
+            registration::registration_heals_after_a_stream_close_on_the_same_lease,
+            registration::registration_heals_after_an_external_revoke,
+            registration::registration_stop_removes_the_key_immediately,
+            registration::registration_crash_leaves_the_key_for_one_ttl,
+            registration::registration_stop_during_a_heal_leaves_no_phantom_key,
+            registration::registration_updates_metadata_in_place,
+            registration::registration_puts_back_a_key_deleted_under_its_live_lease,
+            watcher::watcher_is_gap_free_from_the_snapshot,
+            watcher::watcher_survives_compaction_without_losing_a_net_change,
+            watcher::watcher_stream_ends_when_stopped_or_dropped,
+            watcher::watcher_starts_on_more_hosts_than_its_buffer,
+            watcher::watcher_view_already_holds_each_event_it_emits,
+            watcher::watcher_view_already_holds_each_event_of_a_relist,
+            election::campaign_cancelled_by_a_timeout_says_so_and_leaves_no_key,
+            election::a_crashed_leaders_successor_wins_within_one_ttl,
+            election::no_phantom_leadership_when_the_candidates_lease_dies_while_waiting,
+            election::try_campaign_never_blocks,
+            election::leadership_is_lost_at_the_deadline_when_cut_off,
+            election::leadership_is_lost_when_its_key_is_deleted_and_fencing_stops_its_writes,
+            election::observe_and_leader_follow_the_election,
+            pool::pool_stop_drops_every_leadership_at_once,
+            pool::pool_evicts_a_dead_session_before_the_next_campaign,
+            election::a_deposed_leaders_write_is_fenced_out_and_ends_its_leadership,
+            host::a_host_session_shares_one_lease_and_heals_it,
+            host::a_registration_spawned_while_cut_off_registers_when_the_store_answers,
+            host::a_registration_with_revoke_on_drop_removes_its_key_when_dropped,
+            candidate::a_candidate_hands_over_only_once_its_work_stopped,
+            candidate::a_cut_off_candidate_stops_its_work_before_anyone_else_leads,
+            candidate::a_candidate_rests_between_terms_and_counts_them,
+        );
+    };
+    (@ $run:ident; $($module:ident :: $case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                $run(|fx| ::std::boxed::Box::pin($crate::testkit::recipes::$module::$case(fx)));
+            }
+        )*
+    };
+}

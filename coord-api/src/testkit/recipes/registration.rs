@@ -1,0 +1,198 @@
+//! The cases of `HostRegistration`.
+
+use std::time::Duration;
+
+use crate::recipes::{HostRegistration, RegistrationStatus};
+use crate::testkit::{eventually, within};
+use crate::{Error, EventKind, KvLeaseStore, KvLeaseStoreExt, WatchRequest};
+use futures::StreamExt;
+use tokio::time::Instant;
+
+use super::fixture::Fixture;
+use super::support::*;
+
+pub async fn registration_heals_after_a_stream_close_on_the_same_lease(fx: &dyn Fixture) {
+    let client = fx.client().await;
+    let r = HostRegistration::start(client.store.clone(), reg(fx, "hosts/a", "m"))
+        .await
+        .unwrap();
+    let lease = r.lease_id();
+    for _ in 0..3 {
+        tokio::time::sleep(fx.ttl() / 2).await;
+        client.close_streams().await;
+    }
+    tokio::time::sleep(fx.ttl() * 2).await;
+    assert_eq!(
+        r.lease_id(),
+        lease,
+        "the same lease: the channel was re-opened, not re-granted"
+    );
+    assert_eq!(r.status(), RegistrationStatus::Registered { lease });
+    assert!(present(&fx.store(), "hosts/a").await);
+}
+
+pub async fn registration_heals_after_an_external_revoke(fx: &dyn Fixture) {
+    let store = fx.store();
+    let r = HostRegistration::start(store.clone(), reg(fx, "hosts/a", "meta"))
+        .await
+        .unwrap();
+    let old = r.lease_id();
+    store.revoke(old).await.unwrap();
+    let mut status = r.subscribe();
+    let start = Instant::now();
+    within(
+        fx.ttl(),
+        "the heal",
+        status.wait_for(|s| matches!(s, RegistrationStatus::Registered { lease } if *lease != old)),
+    )
+    .await
+    .unwrap();
+    let kv = store
+        .get_key("hosts/a")
+        .await
+        .unwrap()
+        .expect("the key is back");
+    assert_eq!(kv.value, "meta".as_bytes(), "with the cached metadata");
+    assert_eq!(kv.lease, r.lease_id());
+    let bound = Duration::from_millis(100) + fx.slack();
+    assert!(
+        start.elapsed() <= bound,
+        "healed after {:?}; the first retry comes within 100 ms",
+        start.elapsed()
+    );
+}
+
+pub async fn registration_stop_removes_the_key_immediately(fx: &dyn Fixture) {
+    let store = fx.store();
+    let r = HostRegistration::start(store.clone(), reg(fx, "hosts/a", "m"))
+        .await
+        .unwrap();
+    let lease = r.lease_id();
+    let status = r.subscribe();
+    let before = Instant::now();
+    r.stop().await.unwrap();
+    assert!(
+        before.elapsed() <= fx.slack(),
+        "stop took {:?}",
+        before.elapsed()
+    );
+    assert!(!present(&store, "hosts/a").await);
+    assert!(matches!(
+        store.time_to_live(lease).await,
+        Err(Error::LeaseNotFound { .. })
+    ));
+    assert_eq!(status.get(), RegistrationStatus::Stopped);
+}
+
+pub async fn registration_crash_leaves_the_key_for_one_ttl(fx: &dyn Fixture) {
+    let store = fx.store();
+    let r = HostRegistration::start(store.clone(), reg(fx, "hosts/a", "m"))
+        .await
+        .unwrap();
+    tokio::time::sleep(fx.ttl() / 2).await;
+    drop(r);
+    let crashed = Instant::now();
+    // The last renewal was at most TTL/3 before the crash: the key lives at least 2/3 TTL on.
+    tokio::time::sleep(fx.ttl() / 2).await;
+    assert!(
+        present(&store, "hosts/a").await,
+        "still there within the TTL"
+    );
+    eventually(fx.ttl() + fx.slack(), "the key to expire", || async {
+        !present(&store, "hosts/a").await
+    })
+    .await;
+    assert!(
+        crashed.elapsed() <= fx.ttl() + fx.slack(),
+        "gone {:?} after the crash",
+        crashed.elapsed()
+    );
+}
+
+pub async fn registration_stop_during_a_heal_leaves_no_phantom_key(fx: &dyn Fixture) {
+    // Calls take time here, so a heal (grant, publish, put) spans time and stop() lands in
+    // the middle of it at the offsets tried.
+    let store = fx.slow_store().await;
+    for offset_ms in fx.stop_offsets() {
+        let key = format!("hosts/{offset_ms}");
+        let r = HostRegistration::start(
+            store.clone(),
+            reg(fx, &key, "m").with_backoff(Duration::from_millis(100), Duration::from_secs(1)),
+        )
+        .await
+        .unwrap();
+        store.revoke(r.lease_id()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(offset_ms)).await;
+        r.stop().await.unwrap();
+        // Observed from the rest of the world, not through the slow client.
+        let world = fx.store();
+        let after = world.current_revision().await.unwrap();
+        assert!(
+            !present(&world, &key).await,
+            "key present right after stop ({offset_ms} ms)"
+        );
+        // Nothing may write the key after stop returned: watch it past a TTL.
+        let mut w = world
+            .watch(WatchRequest::key(key.clone()).with_start_revision(after + 1))
+            .await
+            .unwrap();
+        let quiet = tokio::time::timeout(fx.ttl() + fx.slack(), async {
+            loop {
+                match w.next().await {
+                    Some(Ok(batch)) => assert!(
+                        batch.events.iter().all(|e| e.kind == EventKind::Delete),
+                        "a heal wrote the key after stop returned ({offset_ms} ms): {batch:?}"
+                    ),
+                    other => return other,
+                }
+            }
+        })
+        .await;
+        assert!(quiet.is_err(), "the watch ended early: {quiet:?}");
+    }
+}
+
+pub async fn registration_updates_metadata_in_place(fx: &dyn Fixture) {
+    let store = fx.store();
+    let r = HostRegistration::start(store.clone(), reg(fx, "hosts/a", "v1"))
+        .await
+        .unwrap();
+    let created = store
+        .get_key("hosts/a")
+        .await
+        .unwrap()
+        .unwrap()
+        .create_revision;
+    r.update_metadata("v2").await.unwrap();
+    let kv = store.get_key("hosts/a").await.unwrap().unwrap();
+    assert_eq!(
+        (kv.value.as_ref(), kv.create_revision, kv.lease),
+        ("v2".as_bytes(), created, r.lease_id())
+    );
+    // A heal writes the latest metadata, not the first.
+    store.revoke(r.lease_id()).await.unwrap();
+    eventually(fx.ttl(), "the heal", || async {
+        present(&store, "hosts/a").await
+    })
+    .await;
+    assert_eq!(
+        store.get_key("hosts/a").await.unwrap().unwrap().value,
+        "v2".as_bytes()
+    );
+}
+
+pub async fn registration_puts_back_a_key_deleted_under_its_live_lease(fx: &dyn Fixture) {
+    let store = fx.store();
+    let r = HostRegistration::start(store.clone(), reg(fx, "hosts/a", "m"))
+        .await
+        .unwrap();
+    store.delete_key("hosts/a").await.unwrap();
+    eventually(prompt(fx), "the key to be put back", || async {
+        present(&store, "hosts/a").await
+    })
+    .await;
+    assert_eq!(
+        store.get_key("hosts/a").await.unwrap().unwrap().lease,
+        r.lease_id()
+    );
+}

@@ -1,0 +1,97 @@
+//! The cases of `Session`.
+
+use std::time::Duration;
+
+use crate::recipes::{Session, SessionConfig, SessionEnd};
+use crate::testkit::within;
+use crate::{Error, KvLeaseStore};
+use tokio::time::Instant;
+
+use super::fixture::Fixture;
+use super::support::*;
+
+pub async fn session_renews_and_outlives_its_ttl(fx: &dyn Fixture) {
+    let store = fx.store();
+    let s = session(fx, &store).await;
+    tokio::time::sleep(fx.ttl() * 3).await;
+    assert!(!s.is_done());
+    assert!(store.time_to_live(s.lease()).await.is_ok());
+    let (lease, handle) = (s.lease(), s.handle());
+    s.stop().await.unwrap();
+    assert!(matches!(
+        store.time_to_live(lease).await,
+        Err(Error::LeaseNotFound { .. })
+    ));
+    assert_eq!(handle.done().await, SessionEnd::Closed);
+}
+
+pub async fn session_done_fires_at_the_local_deadline_when_cut_off(fx: &dyn Fixture) {
+    let client = fx.client().await;
+    let s = session(fx, &client.store).await;
+    tokio::time::sleep(fx.ttl() / 2).await;
+    client.cut_off(true);
+    let cut = Instant::now();
+    let deadline = s.deadline();
+    let end = within(fx.ttl() * 2, "the session to end", s.done()).await;
+    assert_eq!(end, SessionEnd::Expired);
+    // Not after the deadline (the promise)...
+    let now = Instant::now();
+    assert!(
+        now <= deadline + Duration::from_millis(50) + fx.slack() / 4,
+        "{:?} late",
+        now - deadline
+    );
+    // ...and not before it: renewed every TTL/3 until the cut, the session had at least
+    // TTL − TTL/3 left then (the renewal sent a third of a TTL before the cut, at worst).
+    assert!(
+        now >= cut + fx.ttl() - fx.ttl() / 3,
+        "ended {:?} after the cut, before the lease could have run out",
+        now - cut
+    );
+}
+
+/// A grant answered late (a stalled etcd, a slow disk): the lease is older than its reply
+/// says. The session must renew before its deadline (counted from the grant's send), not a
+/// renewal period after the reply; and a new session has at least TTL − TTL/3 left.
+pub async fn session_survives_a_grant_answered_late(fx: &dyn Fixture) {
+    let client = fx.client().await;
+    let ttl = fx.ttl();
+    let late = ttl * 7 / 10;
+    client.delay_requests(late);
+    let store = client.store.clone();
+    let sent = Instant::now();
+    let pending =
+        tokio::spawn(
+            async move { Session::new(store, SessionConfig::default().with_ttl(ttl)).await },
+        );
+    // Only the grant is slow: what follows it goes at once.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    client.delay_requests(Duration::ZERO);
+    let s = within(ttl + fx.slack(), "the grant", pending)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        sent.elapsed() >= late,
+        "the grant took {:?}, not the {late:?} the test needs",
+        sent.elapsed()
+    );
+    assert!(
+        s.health().remaining >= ttl - ttl / 3 - fx.slack(),
+        "a new session with {:?} left",
+        s.health().remaining
+    );
+    // Watched for more than a TTL after the slow grant: no expiry, the lease lives.
+    let quiet = tokio::time::timeout(ttl + Duration::from_secs(1), s.done()).await;
+    assert!(quiet.is_err(), "the session ended: {quiet:?}");
+    assert!(client.store.time_to_live(s.lease()).await.is_ok());
+    s.stop().await.unwrap();
+}
+
+pub async fn session_reports_a_revoked_lease(fx: &dyn Fixture) {
+    let store = fx.store();
+    let s = session(fx, &store).await;
+    store.revoke(s.lease()).await.unwrap();
+    let end = within(fx.ttl(), "the session to notice", s.done()).await;
+    assert_eq!(end, SessionEnd::LeaseLost);
+}

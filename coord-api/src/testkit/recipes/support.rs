@@ -1,0 +1,29 @@
+//! What the recipe cases share.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::recipes::{RegistrationConfig, Session, SessionConfig};
+use crate::{DynKvLeaseStore, KvLeaseStoreExt};
+
+use super::fixture::Fixture;
+
+/// How long something prompt may take: a round trip and a watch delivery, plus the
+/// backend's slack.
+pub(super) fn prompt(fx: &dyn Fixture) -> Duration {
+    Duration::from_secs(1) + fx.slack()
+}
+
+pub(super) fn reg(fx: &dyn Fixture, key: &str, md: &str) -> RegistrationConfig {
+    RegistrationConfig::new(key, md.to_owned()).with_ttl(fx.ttl())
+}
+
+pub(super) async fn present(store: &Arc<DynKvLeaseStore>, key: &str) -> bool {
+    store.get_key(key).await.unwrap().is_some()
+}
+
+pub(super) async fn session(fx: &dyn Fixture, store: &Arc<DynKvLeaseStore>) -> Session {
+    Session::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()))
+        .await
+        .unwrap()
+}

@@ -1,0 +1,287 @@
+//! The cases of `ClusterWatcher`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::recipes::{ClusterEvent, ClusterWatcher, ClusterWatcherConfig};
+use crate::testkit::within;
+use crate::{Bytes, DynKvLeaseStore, KvLeaseStore, KvLeaseStoreExt};
+use futures::StreamExt;
+
+use super::fixture::Fixture;
+use super::support::*;
+
+/// Applies events to a map, failing on an impossible transition (a duplicate Up, a Down of
+/// an unknown host): the gap-free, no-duplicate property.
+fn apply(view: &mut BTreeMap<String, Bytes>, e: &ClusterEvent) {
+    match e {
+        ClusterEvent::HostUp { host, metadata, .. } => {
+            assert!(
+                view.insert(host.clone(), metadata.clone()).is_none(),
+                "HostUp twice for {host}"
+            );
+        }
+        ClusterEvent::HostUpdated { host, metadata, .. } => {
+            assert!(
+                view.insert(host.clone(), metadata.clone()).is_some(),
+                "update of unknown {host}"
+            );
+        }
+        ClusterEvent::HostDown {
+            host,
+            last_metadata,
+            ..
+        } => {
+            let was = view.remove(host);
+            assert_eq!(
+                was.as_ref(),
+                Some(last_metadata),
+                "HostDown for {host} without the last metadata seen"
+            );
+        }
+        ClusterEvent::Resynced { .. } => {}
+    }
+}
+
+async fn truth(store: &Arc<DynKvLeaseStore>, prefix: &str) -> BTreeMap<String, Bytes> {
+    let r = store.get_prefix(prefix).await.unwrap();
+    r.kvs
+        .iter()
+        .map(|kv| (kv.key_str()[prefix.len()..].to_owned(), kv.value.clone()))
+        .collect()
+}
+
+/// The watcher's promise to a consumer that reads the view when it gets an event: the view
+/// is never older than the event, and at the event's own revision it holds the event's
+/// change (a newer view may have moved on).
+fn assert_view_holds(e: &ClusterEvent, seen: &crate::recipes::ClusterView) {
+    let (revision, holds) = match e {
+        ClusterEvent::HostUp {
+            host,
+            metadata,
+            revision,
+        }
+        | ClusterEvent::HostUpdated {
+            host,
+            metadata,
+            revision,
+        } => (*revision, seen.hosts.get(host) == Some(metadata)),
+        ClusterEvent::HostDown { host, revision, .. } => {
+            (*revision, !seen.hosts.contains_key(host))
+        }
+        ClusterEvent::Resynced { revision } => (*revision, true),
+    };
+    assert!(
+        seen.revision >= revision,
+        "{e:?} newer than the view {seen:?}"
+    );
+    assert!(
+        seen.revision > revision || holds,
+        "{e:?} emitted before the view held it: {seen:?}"
+    );
+}
+
+/// Reads events until the applied view equals the store's, within a bound: a few round
+/// trips, plus a request timeout (a watcher that resumed into a partition waits out the
+/// request it sent there before it retries).
+async fn converge(
+    fx: &dyn Fixture,
+    w: &mut ClusterWatcher,
+    view: &mut BTreeMap<String, Bytes>,
+    store: &Arc<DynKvLeaseStore>,
+    prefix: &str,
+) {
+    let want = truth(store, prefix).await;
+    within(
+        prompt(fx) * 5 + fx.request_timeout(),
+        "the watcher to converge",
+        async {
+            while *view != want {
+                let e = w.next().await.expect("watcher running");
+                apply(view, &e);
+                assert_view_holds(&e, &w.view());
+            }
+        },
+    )
+    .await;
+    assert_eq!(w.view().hosts, want, "the readable view agrees");
+}
+
+pub async fn watcher_is_gap_free_from_the_snapshot(fx: &dyn Fixture) {
+    let store = fx.store();
+    store.put_value("h/a", "1").await.unwrap();
+    store.put_value("h/b", "1").await.unwrap();
+    let mut w = ClusterWatcher::start(store.clone(), ClusterWatcherConfig::new("h/"))
+        .await
+        .unwrap();
+    // Writes racing the start are neither lost nor doubled.
+    store.put_value("h/c", "1").await.unwrap();
+    store.delete_key("h/a").await.unwrap();
+    store.put_value("h/b", "2").await.unwrap();
+    store.put_value("h/a", "3").await.unwrap();
+    let mut view = BTreeMap::new();
+    let mut kinds = Vec::new();
+    within(prompt(fx), "six events", async {
+        while kinds.len() < 6 {
+            let e = w.next().await.unwrap();
+            apply(&mut view, &e);
+            kinds.push(match e {
+                ClusterEvent::HostUp { host, .. } => format!("up {host}"),
+                ClusterEvent::HostUpdated { host, .. } => format!("updated {host}"),
+                ClusterEvent::HostDown { host, .. } => format!("down {host}"),
+                ClusterEvent::Resynced { .. } => "resynced".into(),
+            });
+        }
+    })
+    .await;
+    assert_eq!(
+        kinds,
+        ["up a", "up b", "up c", "down a", "updated b", "up a"]
+    );
+    assert_eq!(view, truth(&store, "h/").await);
+}
+
+pub async fn watcher_survives_compaction_without_losing_a_net_change(fx: &dyn Fixture) {
+    let store = fx.store();
+    let client = fx.client().await;
+    for h in ["a", "b", "c"] {
+        store.put_value(format!("h/{h}"), "1").await.unwrap();
+    }
+    let mut w = ClusterWatcher::start(client.store.clone(), ClusterWatcherConfig::new("h/"))
+        .await
+        .unwrap();
+    let mut view = BTreeMap::new();
+    converge(fx, &mut w, &mut view, &store, "h/").await;
+    // Cut the watcher off, change membership meanwhile, compact past the change: its resume
+    // revision is gone and it must re-list and diff.
+    client.cut_off(true);
+    client.close_streams().await;
+    store.delete_key("h/a").await.unwrap();
+    store.put_value("h/b", "2").await.unwrap();
+    store.put_value("h/d", "1").await.unwrap();
+    store.delete_key("h/d").await.unwrap();
+    let rev = store.current_revision().await.unwrap();
+    store.compact(rev).await.unwrap();
+    client.cut_off(false);
+    converge(fx, &mut w, &mut view, &store, "h/").await;
+    // Afterwards it follows live changes again.
+    store.put_value("h/e", "1").await.unwrap();
+    converge(fx, &mut w, &mut view, &store, "h/").await;
+}
+
+pub async fn watcher_stream_ends_when_stopped_or_dropped(fx: &dyn Fixture) {
+    let store = fx.store();
+    store.put_value("h/a", "1").await.unwrap();
+    let w = ClusterWatcher::start(store.clone(), ClusterWatcherConfig::new("h/"))
+        .await
+        .unwrap();
+    let queued = within(prompt(fx), "the stop", w.stop()).await;
+    assert!(
+        matches!(queued.as_slice(), [ClusterEvent::HostUp { host, .. }] if host == "a"),
+        "stop hands back the events it had queued: {queued:?}"
+    );
+
+    let w = ClusterWatcher::start(store.clone(), ClusterWatcherConfig::new("h/"))
+        .await
+        .unwrap();
+    let mut view = w.subscribe_view();
+    let mut stream = w.into_stream();
+    assert!(stream.next().await.is_some());
+    drop(stream);
+    // Dropping the stream drops the watcher, which stops its task: the view's publisher goes
+    // away with it, so following the view ends.
+    within(prompt(fx), "the watcher's task to end", async {
+        while view.changed().await.is_ok() {}
+    })
+    .await;
+}
+
+/// A first listing larger than the event buffer: `start` must return (the events that do
+/// not fit are emitted once the consumer reads), and every host still comes up, once.
+pub async fn watcher_starts_on_more_hosts_than_its_buffer(fx: &dyn Fixture) {
+    let store = fx.store();
+    for i in 0..20 {
+        store.put_value(format!("big/h{i:02}"), "m").await.unwrap();
+    }
+    let mut config = ClusterWatcherConfig::new("big/");
+    config.buffer = 4;
+    let mut w = within(
+        prompt(fx),
+        "start with 20 hosts and a buffer of 4",
+        ClusterWatcher::start(store.clone(), config),
+    )
+    .await
+    .unwrap();
+    assert_eq!(w.view().hosts.len(), 20);
+    let mut up = std::collections::BTreeSet::new();
+    while up.len() < 20 {
+        match within(prompt(fx), "the first listing's HostUp", w.next()).await {
+            Some(ClusterEvent::HostUp { host, .. }) => assert!(up.insert(host), "HostUp twice"),
+            other => panic!("{other:?}"),
+        }
+    }
+    store.put_value("big/late", "m").await.unwrap();
+    assert!(matches!(
+        within(prompt(fx), "the next change", w.next()).await,
+        Some(ClusterEvent::HostUp { host, .. }) if host == "late"
+    ));
+}
+
+/// Whoever reads an event and then the view finds the event's change in it.
+pub async fn watcher_view_already_holds_each_event_it_emits(fx: &dyn Fixture) {
+    let store = fx.store();
+    let mut w = ClusterWatcher::start(store.clone(), ClusterWatcherConfig::new("v/"))
+        .await
+        .unwrap();
+    for i in 0..10 {
+        store.put_value(format!("v/h{i}"), "m").await.unwrap();
+        let e = within(prompt(fx), "HostUp", w.next()).await;
+        let Some(ClusterEvent::HostUp { host, revision, .. }) = e else {
+            panic!("{e:?}")
+        };
+        let view = w.view();
+        assert!(view.hosts.contains_key(&host), "{host} not in the view yet");
+        assert!(view.revision >= revision);
+    }
+}
+
+/// After a re-list too (compaction overtook the watcher), whoever reads an event and then the
+/// view finds the event's change in it. A buffer of one makes the watcher wait for the
+/// consumer between two events, so the consumer reads the view in the middle of a re-list's
+/// emissions even on one thread.
+pub async fn watcher_view_already_holds_each_event_of_a_relist(fx: &dyn Fixture) {
+    let store = fx.store();
+    let client = fx.client().await;
+    for h in ["a", "b", "c"] {
+        store.put_value(format!("r/{h}"), "1").await.unwrap();
+    }
+    let mut config = ClusterWatcherConfig::new("r/");
+    config.buffer = 1;
+    let mut w = ClusterWatcher::start(client.store.clone(), config)
+        .await
+        .unwrap();
+    let mut view = BTreeMap::new();
+    converge(fx, &mut w, &mut view, &store, "r/").await;
+    client.cut_off(true);
+    client.close_streams().await;
+    store.delete_key("r/a").await.unwrap();
+    store.put_value("r/b", "2").await.unwrap();
+    store.put_value("r/d", "1").await.unwrap();
+    store.put_value("r/e", "1").await.unwrap();
+    let rev = store.current_revision().await.unwrap();
+    store.compact(rev).await.unwrap();
+    client.cut_off(false);
+    let want = truth(&store, "r/").await;
+    within(
+        prompt(fx) * 5 + fx.request_timeout(),
+        "the re-list's events",
+        async {
+            while view != want {
+                let e = w.next().await.expect("watcher running");
+                apply(&mut view, &e);
+                assert_view_holds(&e, &w.view());
+            }
+        },
+    )
+    .await;
+}
