@@ -126,6 +126,14 @@ pub(crate) fn map(op: &'static str, kind: Kind, err: etcd_client::Error) -> Erro
     }
 }
 
+/// Fills in the lease a `LeaseNotFound` is about (etcd's error does not say).
+pub(crate) fn with_lease(err: Error, lease: Option<LeaseId>) -> Error {
+    match (err, lease) {
+        (Error::LeaseNotFound { .. }, Some(lease)) => Error::LeaseNotFound { lease },
+        (other, _) => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,5 +1,7 @@
 //! The keep-alive channel on etcd's bidirectional LeaseKeepAlive stream.
 
+use std::sync::Arc;
+
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -8,13 +10,14 @@ use async_trait::async_trait;
 use coord_api::{Error, KeepAlive, LeaseId, Result};
 use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
 
+use crate::error::with_lease;
 use crate::error::{map, Kind};
-use crate::store::{with_lease, EtcdStore};
+use crate::pool::Pool;
 
 /// One lease's keep-alive stream, opened on the first renewal and re-opened (on the current
 /// endpoint) on the renewal after it broke.
 pub(crate) struct EtcdKeepAlive {
-    store: EtcdStore,
+    pool: Arc<Pool>,
     lease: LeaseId,
     stream: Option<(usize, LeaseKeeper, LeaseKeepAliveStream)>,
 }
@@ -29,9 +32,9 @@ impl std::fmt::Debug for EtcdKeepAlive {
 }
 
 impl EtcdKeepAlive {
-    pub(crate) fn new(store: EtcdStore, lease: LeaseId) -> Self {
+    pub(crate) fn new(pool: Arc<Pool>, lease: LeaseId) -> Self {
         EtcdKeepAlive {
-            store,
+            pool,
             lease,
             stream: None,
         }
@@ -39,7 +42,7 @@ impl EtcdKeepAlive {
 
     fn closed(&mut self, source: impl Into<coord_api::BoxError>) -> Error {
         if let Some((endpoint, ..)) = self.stream.take() {
-            self.store.fail_over(endpoint);
+            self.pool.fail_over(endpoint);
         }
         Error::StreamClosed {
             stream: "keep-alive",
@@ -51,11 +54,11 @@ impl EtcdKeepAlive {
     /// lease gone is [`Error::LeaseNotFound`]); the caller does not count it, since its TTL is
     /// not handed back.
     pub(crate) async fn open(&mut self) -> Result<()> {
-        let endpoint = self.store.current();
-        let mut client = match self.store.client_at(endpoint).await {
+        let endpoint = self.pool.current();
+        let mut client = match self.pool.client_at(endpoint).await {
             Ok(c) => c,
             Err(e) => {
-                self.store.fail_over(endpoint);
+                self.pool.fail_over(endpoint);
                 return Err(Error::StreamClosed {
                     stream: "keep-alive",
                     source: Some(Box::new(e)),
@@ -64,7 +67,7 @@ impl EtcdKeepAlive {
         };
         let sent = Instant::now();
         let in_flight = InFlight {
-            store: &self.store,
+            pool: &self.pool,
             endpoint,
             sent,
             done: false,
@@ -73,13 +76,13 @@ impl EtcdKeepAlive {
         in_flight.finish();
         match opened {
             Ok((keeper, stream)) => {
-                self.store.answered(endpoint);
+                self.pool.answered(endpoint);
                 self.stream = Some((endpoint, keeper, stream));
                 Ok(())
             }
             // etcd-client's word for a first answer of TTL 0: the lease is gone.
             Err(etcd_client::Error::LeaseKeepAliveError(m)) if m.contains("lease not found") => {
-                self.store.answered(endpoint);
+                self.pool.answered(endpoint);
                 Err(Error::LeaseNotFound { lease: self.lease })
             }
             Err(e) => match map("keep-alive", Kind::Write, e) {
@@ -87,7 +90,7 @@ impl EtcdKeepAlive {
                     Err(with_lease(e, Some(self.lease)))
                 }
                 other => {
-                    self.store.fail_over(endpoint);
+                    self.pool.fail_over(endpoint);
                     Err(Error::StreamClosed {
                         stream: "keep-alive",
                         source: Some(Box::new(other)),
@@ -107,7 +110,7 @@ impl EtcdKeepAlive {
         // does when the next renewal is due) may say the connection is dead without a reset:
         // replace it then, unless it answered anything meanwhile.
         let in_flight = InFlight {
-            store: &self.store,
+            pool: &self.pool,
             endpoint,
             sent: Instant::now(),
             done: false,
@@ -119,7 +122,7 @@ impl EtcdKeepAlive {
         let answer = stream.message().await;
         in_flight.finish();
         if matches!(answer, Ok(Some(_))) {
-            self.store.answered(endpoint);
+            self.pool.answered(endpoint);
         }
         match answer {
             // A revoked or expired lease is answered with TTL 0 on a stream that stays open.
@@ -138,12 +141,12 @@ impl KeepAlive for EtcdKeepAlive {
     }
 
     async fn renew(&mut self) -> Result<Duration> {
-        let timeout = self.store.request_timeout();
+        let timeout = self.pool.request_timeout();
         match tokio::time::timeout(timeout, self.renew_once()).await {
             Ok(r) => r,
             Err(_) => {
                 if let Some((endpoint, ..)) = &self.stream {
-                    self.store.reconnect(*endpoint);
+                    self.pool.reconnect(*endpoint);
                 }
                 Err(self.closed(format!("no answer within {timeout:?}")))
             }
@@ -154,7 +157,7 @@ impl KeepAlive for EtcdKeepAlive {
 /// Replaces the connection of a renewal dropped before its answer came, if the connection
 /// answered nothing since (see [`EtcdKeepAlive::renew_once`]).
 struct InFlight<'a> {
-    store: &'a EtcdStore,
+    pool: &'a Pool,
     endpoint: usize,
     sent: Instant,
     done: bool,
@@ -169,7 +172,7 @@ impl InFlight<'_> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.store
+            self.pool
                 .reconnect_if_silent_since(self.endpoint, self.sent);
         }
     }

@@ -1,8 +1,6 @@
 //! [`EtcdStore`]: the [`KvLeaseStore`] on a real etcd cluster.
 
-use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -12,42 +10,13 @@ use coord_api::{
     Limits, PutRequest, PutResponse, Result, Revision, TxnOp, TxnRequest, TxnResponse,
     WatchRequest, WatchStream,
 };
-use etcd_client::Client;
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use crate::config::EtcdConfig;
 use crate::convert;
-use crate::error::{map, Kind, BACKEND};
+use crate::error::{with_lease, Kind, BACKEND};
 use crate::keepalive::EtcdKeepAlive;
+use crate::pool::Pool;
 use crate::watch;
-
-/// One endpoint and, once connected, its client. Each endpoint gets its own client (a
-/// channel to that member alone) so the store decides where a request goes: etcd-client's
-/// own balancer keeps picking a dead member and fails about a third of requests after a
-/// member dies (`docs/ETCD-BEHAVIOUR.md` 3.6).
-struct Endpoint {
-    url: String,
-    /// The connection, and the token that ends the streams opened on it when it is
-    /// replaced.
-    client: Mutex<Option<(Client, CancellationToken)>>,
-    /// When the current connection last answered anything (a reply, a keep-alive answer):
-    /// a connection that answered lately is slow, not dead, and is kept.
-    answered: Mutex<Option<Instant>>,
-    /// Makes the channel to connect over, when the caller supplies channels
-    /// ([`EtcdStore::from_channel_factory`]) rather than endpoints.
-    channel: Option<ChannelFactory>,
-}
-
-/// Makes a new channel (a new connection) to one member.
-type ChannelFactory = Arc<dyn Fn() -> tonic::transport::Channel + Send + Sync>;
-
-pub(crate) struct Inner {
-    endpoints: Vec<Endpoint>,
-    /// The endpoint requests go to until it fails.
-    current: AtomicUsize,
-    config: EtcdConfig,
-}
 
 /// The production [`KvLeaseStore`]: etcd v3 through the `etcd-client` crate.
 ///
@@ -74,15 +43,15 @@ pub(crate) struct Inner {
 /// ```
 #[derive(Clone)]
 pub struct EtcdStore {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) pool: Arc<Pool>,
 }
 
 impl std::fmt::Debug for EtcdStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let urls: Vec<_> = self.inner.endpoints.iter().map(|e| &e.url).collect();
+        let urls = self.pool.urls();
         f.debug_struct("EtcdStore")
             .field("endpoints", &urls)
-            .field("current", &self.inner.current.load(Ordering::Relaxed))
+            .field("current", &self.pool.current())
             .finish()
     }
 }
@@ -97,8 +66,8 @@ impl EtcdStore {
     /// [`Error::Unavailable`] when no endpoint answers (it names them).
     pub async fn connect(config: EtcdConfig) -> Result<Self> {
         config.validate()?;
-        let store = Self::from_parts(config, None);
-        store.probe().await?;
+        let store = Self::on(Pool::new(config, None));
+        store.pool.probe().await?;
         Ok(store)
     }
 
@@ -114,7 +83,7 @@ impl EtcdStore {
     /// [`Error::InvalidArgument`] for a bad configuration (the only check made here).
     pub fn connect_lazy(config: EtcdConfig) -> Result<Self> {
         config.validate()?;
-        Ok(Self::from_parts(config, None))
+        Ok(Self::on(Pool::new(config, None)))
     }
 
     /// Connects over an existing tonic channel (for example one that runs over a simulated
@@ -136,272 +105,20 @@ impl EtcdStore {
         make: impl Fn() -> tonic::transport::Channel + Send + Sync + 'static,
         config: EtcdConfig,
     ) -> Result<Self> {
-        let store = Self::from_parts(config, Some(Arc::new(make)));
-        store.client_at(0).await?;
+        let store = Self::on(Pool::new(config, Some(Arc::new(make))));
+        store.pool.client_at(0).await?;
         Ok(store)
     }
 
-    fn from_parts(config: EtcdConfig, channel: Option<ChannelFactory>) -> Self {
-        let endpoints = match channel {
-            None => config
-                .endpoints
-                .iter()
-                .map(|url| Endpoint {
-                    url: url.clone(),
-                    client: Mutex::new(None),
-                    answered: Mutex::new(None),
-                    channel: None,
-                })
-                .collect(),
-            Some(make) => vec![Endpoint {
-                url: "channel".to_owned(),
-                client: Mutex::new(None),
-                answered: Mutex::new(None),
-                channel: Some(make),
-            }],
-        };
+    fn on(pool: Pool) -> Self {
         EtcdStore {
-            inner: Arc::new(Inner {
-                endpoints,
-                current: AtomicUsize::new(0),
-                config,
-            }),
+            pool: Arc::new(pool),
         }
     }
 
     /// The configuration the store runs with.
     pub fn config(&self) -> &EtcdConfig {
-        &self.inner.config
-    }
-
-    /// Asks each endpoint in turn for its status until one answers.
-    async fn probe(&self) -> Result<()> {
-        let mut failures = Vec::new();
-        for i in 0..self.inner.endpoints.len() {
-            let url = self.inner.endpoints[i].url.clone();
-            let attempt = async {
-                let mut c = self.client_at(i).await?;
-                c.status().await.map_err(|e| map("connect", Kind::Read, e))
-            };
-            match tokio::time::timeout(self.inner.config.connect_timeout, attempt).await {
-                Ok(Ok(_)) => {
-                    self.inner.current.store(i, Ordering::Relaxed);
-                    return Ok(());
-                }
-                Ok(Err(e @ (Error::PermissionDenied { .. } | Error::InvalidArgument { .. }))) => {
-                    return Err(e)
-                }
-                Ok(Err(e)) => {
-                    if let Some(reason) = self.tls_refusal(&e) {
-                        return Err(Error::PermissionDenied {
-                            backend: BACKEND,
-                            reason: format!("{url}: {reason}"),
-                        });
-                    }
-                    failures.push(format!("{url}: {}", error_chain(&e)))
-                }
-                Err(_) => failures.push(format!(
-                    "{url}: no answer within {:?}",
-                    self.inner.config.connect_timeout
-                )),
-            }
-        }
-        Err(Error::Unavailable {
-            backend: BACKEND,
-            operation: "connect",
-            source: format!("no etcd endpoint answered: {}", failures.join("; ")).into(),
-        })
-    }
-
-    /// A TLS failure that retrying cannot fix, in words: the server refused our certificate,
-    /// we do not trust the server's, or the server hung up right after the handshake (how a
-    /// TLS 1.3 server refuses a missing or foreign client certificate when its alert loses
-    /// the race with our first write). The last is a judgement: it only applies on connect,
-    /// where a server that answers nothing at all would have failed the handshake instead.
-    fn tls_refusal(&self, e: &Error) -> Option<String> {
-        let tls = self.inner.config.tls.as_ref()?;
-        // Debug, not Display: tonic's Status does not expose the transport error it wraps as
-        // a source, and the TLS alert is only in there.
-        let chain = format!("{e:?}");
-        if chain.contains("fatal alert") || chain.contains("invalid peer certificate") {
-            return Some(format!("TLS refused: {chain}"));
-        }
-        // Depending on timing, the hang-up surfaces as any of these.
-        let hung_up = ["connection closed", "broken pipe", "connection reset"]
-            .iter()
-            .any(|m| chain.contains(m));
-        if hung_up {
-            let why = if tls.identity.is_none() {
-                "it most likely requires a client certificate, and none is configured"
-            } else {
-                "it most likely does not accept this client certificate (TLS 1.3 lets a \
-                 server refuse it after the client's handshake is done)"
-            };
-            return Some(format!(
-                "the server closed the connection right after the TLS handshake; {why} ({chain})"
-            ));
-        }
-        None
-    }
-
-    /// The client of endpoint `i`, connecting it first if needed.
-    pub(crate) async fn client_at(&self, i: usize) -> Result<Client> {
-        Ok(self.connection_at(i).await?.0)
-    }
-
-    /// Endpoint `i`'s client, and a token cancelled when that connection is replaced (see
-    /// [`reconnect`](Self::reconnect)): streams opened on it end then, rather than wait on a
-    /// dead connection.
-    pub(crate) async fn connection_at(&self, i: usize) -> Result<(Client, CancellationToken)> {
-        let ep = &self.inner.endpoints[i];
-        if let Some(c) = ep.client.lock().unwrap_or_else(|p| p.into_inner()).clone() {
-            return Ok(c);
-        }
-        let options = Some(self.inner.config.connect_options());
-        let client = match &ep.channel {
-            Some(make) => Client::from_channel(etcd_client::Channel::Tonic(make()), options).await,
-            None => Client::connect([ep.url.as_str()], options).await,
-        }
-        .map_err(|e| map("connect", Kind::Read, e))?;
-        let connection = (client, CancellationToken::new());
-        *ep.client.lock().unwrap_or_else(|p| p.into_inner()) = Some(connection.clone());
-        Ok(connection)
-    }
-
-    /// Drops endpoint `i`'s connection after it stopped answering: the next request connects
-    /// afresh. A connection whose peer vanished without a reset (a partition that outlived
-    /// TCP, a NAT that forgot it) otherwise holds every request until the request timeout,
-    /// over and over, until HTTP/2 keep-alive finally notices it (10 s + 5 s by default).
-    pub(crate) fn reconnect(&self, i: usize) {
-        let ep = &self.inner.endpoints[i];
-        *ep.answered.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        if let Some((_, streams)) = ep.client.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            tracing::debug!(endpoint = %ep.url, "no answer; reconnecting");
-            streams.cancel();
-        }
-    }
-
-    /// Notes that endpoint `i`'s connection answered something just now.
-    pub(crate) fn answered(&self, i: usize) {
-        *self.inner.endpoints[i]
-            .answered
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-    }
-
-    /// Replaces endpoint `i`'s connection unless it answered anything since `since`: a
-    /// request abandoned on a connection that still answers others is slow, not dead.
-    pub(crate) fn reconnect_if_silent_since(&self, i: usize, since: Instant) {
-        let last = *self.inner.endpoints[i]
-            .answered
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if last.is_none_or(|at| at < since) {
-            self.reconnect(i);
-        }
-    }
-
-    /// The endpoint index requests currently go to.
-    pub(crate) fn current(&self) -> usize {
-        self.inner.current.load(Ordering::Relaxed)
-    }
-
-    /// Moves requests off endpoint `from` (if no one moved them already).
-    pub(crate) fn fail_over(&self, from: usize) {
-        let n = self.inner.endpoints.len();
-        if n > 1 {
-            let next = (from + 1) % n;
-            if self
-                .inner
-                .current
-                .compare_exchange(from, next, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-            {
-                tracing::debug!(
-                    from = %self.inner.endpoints[from].url,
-                    to = %self.inner.endpoints[next].url,
-                    "etcd endpoint failed; moving to the next"
-                );
-            }
-        }
-    }
-
-    pub(crate) fn request_timeout(&self) -> Duration {
-        self.inner.config.request_timeout
-    }
-
-    /// Runs one request with failover and bounded retries; see the type's docs.
-    pub(crate) async fn call<T, F, Fut>(&self, op: &'static str, kind: Kind, mut f: F) -> Result<T>
-    where
-        F: FnMut(Client) -> Fut + Send,
-        Fut: Future<Output = std::result::Result<T, etcd_client::Error>> + Send,
-        T: Send,
-    {
-        self.call_on(op, kind, move |c, _| f(c)).await
-    }
-
-    /// As [`call`](Self::call), also handing `f` the connection's token (see
-    /// [`connection_at`](Self::connection_at)), for requests that open a stream.
-    pub(crate) async fn call_on<T, F, Fut>(
-        &self,
-        op: &'static str,
-        kind: Kind,
-        mut f: F,
-    ) -> Result<T>
-    where
-        F: FnMut(Client, CancellationToken) -> Fut + Send,
-        Fut: Future<Output = std::result::Result<T, etcd_client::Error>> + Send,
-        T: Send,
-    {
-        let deadline = Instant::now() + self.request_timeout();
-        let n = self.inner.endpoints.len();
-        let mut backoff = Duration::from_millis(20);
-        let mut attempt = 0usize;
-        loop {
-            let idx = self.current();
-            let outcome = tokio::time::timeout_at(deadline, async {
-                let (client, streams) = self.connection_at(idx).await?;
-                f(client, streams).await.map_err(|e| map(op, kind, e))
-            })
-            .await;
-            let err = match outcome {
-                Ok(Ok(v)) => {
-                    self.answered(idx);
-                    return Ok(v);
-                }
-                Ok(Err(e)) => e,
-                Err(_) => {
-                    self.reconnect(idx);
-                    let source = format!("no answer within {:?}", self.request_timeout());
-                    return Err(match kind {
-                        Kind::Read => Error::Unavailable {
-                            backend: BACKEND,
-                            operation: op,
-                            source: source.into(),
-                        },
-                        Kind::Write => Error::Indeterminate {
-                            backend: BACKEND,
-                            operation: op,
-                            source: source.into(),
-                        },
-                    });
-                }
-            };
-            if !err.is_retryable() {
-                return Err(err);
-            }
-            self.fail_over(idx);
-            attempt += 1;
-            // The first pass over the other members goes at once; after that, back off.
-            if attempt >= n {
-                if Instant::now() + backoff >= deadline {
-                    return Err(err);
-                }
-                tracing::debug!(operation = op, attempt, backoff_ms = backoff.as_millis() as u64, error = %error_chain(&err), "retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_millis(500));
-            }
-        }
+        self.pool.config()
     }
 
     /// The compaction point. etcd's revision errors do not carry it, and a watch's cancel
@@ -411,6 +128,7 @@ impl EtcdStore {
     async fn compact_revision(&self, below: Revision) -> Revision {
         let readable = |rev: i64| async move {
             let r = self
+                .pool
                 .call("get", Kind::Read, |mut c| async move {
                     c.get(
                         vec![0u8],
@@ -459,26 +177,6 @@ impl EtcdStore {
     }
 }
 
-/// An error and its sources on one line, for messages that must say everything.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(src) = cur {
-        s.push_str(": ");
-        s.push_str(&src.to_string());
-        cur = src.source();
-    }
-    s
-}
-
-/// Fills in the lease a `LeaseNotFound` is about (etcd's error does not say).
-pub(crate) fn with_lease(err: Error, lease: Option<LeaseId>) -> Error {
-    match (err, lease) {
-        (Error::LeaseNotFound { .. }, Some(lease)) => Error::LeaseNotFound { lease },
-        (other, _) => other,
-    }
-}
-
 /// The leases a transaction's puts name, success branch first, each once.
 fn txn_leases(req: &TxnRequest) -> Vec<LeaseId> {
     let mut leases: Vec<LeaseId> = Vec::new();
@@ -501,7 +199,7 @@ impl KvLeaseStore for EtcdStore {
     }
 
     fn limits(&self) -> Limits {
-        self.inner.config.limits.clone()
+        self.pool.config().limits.clone()
     }
 
     fn shared(&self) -> Arc<DynKvLeaseStore> {
@@ -512,6 +210,7 @@ impl KvLeaseStore for EtcdStore {
         validate::get(&req)?;
         let (key, opts) = convert::get(&req);
         let res = self
+            .pool
             .call("get", Kind::Read, |mut c| {
                 let (key, opts) = (key.clone(), opts.clone());
                 async move { c.get(key, Some(opts)).await }
@@ -526,30 +225,32 @@ impl KvLeaseStore for EtcdStore {
     }
 
     async fn put(&self, req: PutRequest) -> Result<PutResponse> {
-        validate::put(&req, &self.inner.config.limits)?;
+        validate::put(&req, &self.pool.config().limits)?;
         let opts = convert::put_options(&req);
-        self.call("put", Kind::Write, |mut c| {
-            let (key, value, opts) = (req.key.to_vec(), req.value.to_vec(), opts.clone());
-            async move { c.put(key, value, Some(opts)).await }
-        })
-        .await
-        .map(convert::put_response)
-        .map_err(|e| with_lease(e, req.lease))
+        self.pool
+            .call("put", Kind::Write, |mut c| {
+                let (key, value, opts) = (req.key.to_vec(), req.value.to_vec(), opts.clone());
+                async move { c.put(key, value, Some(opts)).await }
+            })
+            .await
+            .map(convert::put_response)
+            .map_err(|e| with_lease(e, req.lease))
     }
 
     async fn delete(&self, req: DeleteRequest) -> Result<DeleteResponse> {
         validate::delete(&req)?;
         let (key, opts) = convert::delete(&req);
-        self.call("delete", Kind::Write, |mut c| {
-            let (key, opts) = (key.clone(), opts.clone());
-            async move { c.delete(key, Some(opts)).await }
-        })
-        .await
-        .map(convert::delete_response)
+        self.pool
+            .call("delete", Kind::Write, |mut c| {
+                let (key, opts) = (key.clone(), opts.clone());
+                async move { c.delete(key, Some(opts)).await }
+            })
+            .await
+            .map(convert::delete_response)
     }
 
     async fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
-        validate::txn(&req, &self.inner.config.limits)?;
+        validate::txn(&req, &self.pool.config().limits)?;
         let writes = req
             .success
             .iter()
@@ -557,6 +258,7 @@ impl KvLeaseStore for EtcdStore {
             .any(|op| !matches!(op, TxnOp::Get(_)));
         let kind = if writes { Kind::Write } else { Kind::Read };
         let res = self
+            .pool
             .call("txn", kind, |mut c| {
                 let txn = convert::txn(&req);
                 async move { c.txn(txn).await }
@@ -600,10 +302,11 @@ impl KvLeaseStore for EtcdStore {
     }
 
     async fn grant(&self, ttl: Duration) -> Result<LeaseGrant> {
-        validate::ttl(ttl, &self.inner.config.limits)?;
+        validate::ttl(ttl, &self.pool.config().limits)?;
         // Whole seconds, rounded up: etcd's TTLs are integers. etcd raises it to its minimum.
         let secs = (ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)) as i64;
         let r = self
+            .pool
             .call("grant", Kind::Write, |mut c| async move {
                 c.lease_grant(secs, None).await
             })
@@ -616,6 +319,7 @@ impl KvLeaseStore for EtcdStore {
 
     async fn revoke(&self, lease: LeaseId) -> Result<Revision> {
         let r = self
+            .pool
             .call("revoke", Kind::Write, |mut c| async move {
                 c.lease_revoke(lease.0).await
             })
@@ -626,6 +330,7 @@ impl KvLeaseStore for EtcdStore {
 
     async fn time_to_live(&self, lease: LeaseId) -> Result<LeaseTimeToLive> {
         let r = self
+            .pool
             .call("time-to-live", Kind::Read, |mut c| async move {
                 c.lease_time_to_live(
                     lease.0,
@@ -653,8 +358,8 @@ impl KvLeaseStore for EtcdStore {
     async fn keep_alive(&self, lease: LeaseId) -> Result<Box<dyn KeepAlive>> {
         // Opened now: etcd's stream needs a renewal to open, a round trip that would
         // otherwise come out of the first renewal's time.
-        let mut channel = EtcdKeepAlive::new(self.clone(), lease);
-        let timeout = self.request_timeout();
+        let mut channel = EtcdKeepAlive::new(self.pool.clone(), lease);
+        let timeout = self.pool.request_timeout();
         match tokio::time::timeout(timeout, channel.open()).await {
             Ok(opened) => opened?,
             Err(_) => {
@@ -669,11 +374,12 @@ impl KvLeaseStore for EtcdStore {
 
     async fn watch(&self, req: WatchRequest) -> Result<WatchStream> {
         validate::watch(&req)?;
-        watch::open(self, req).await
+        watch::open(&self.pool, req).await
     }
 
     async fn compact(&self, revision: Revision) -> Result<()> {
         let res = self
+            .pool
             .call("compact", Kind::Write, |mut c| async move {
                 c.compact(revision.get(), None).await
             })

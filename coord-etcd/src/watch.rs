@@ -5,10 +5,10 @@ use futures::StreamExt;
 
 use crate::convert;
 use crate::error::Kind;
-use crate::store::EtcdStore;
+use crate::pool::Pool;
 
 /// Opens a watch and waits for etcd to confirm it, so every write after this returns is seen.
-pub(crate) async fn open(store: &EtcdStore, req: WatchRequest) -> Result<WatchStream> {
+pub(crate) async fn open(pool: &Pool, req: WatchRequest) -> Result<WatchStream> {
     let mut opts = etcd_client::WatchOptions::new();
     if let coord_api::KeyRange::Prefix(_) = &req.range {
         opts = opts.with_range(req.range.etcd_range_end());
@@ -24,7 +24,7 @@ pub(crate) async fn open(store: &EtcdStore, req: WatchRequest) -> Result<WatchSt
     }
     let key = req.range.start().to_vec();
     // `call` bounds this by the request timeout, the confirmation included.
-    let (mut stream, first, dead) = store
+    let (mut stream, first, dead) = pool
         .call_on("watch", Kind::Read, |mut c, dead| {
             let (key, opts) = (key.clone(), opts.clone());
             async move {

@@ -57,19 +57,28 @@
 //! # Layout
 //!
 //! [`state`] is the store itself, a pure synchronous state machine; [`SimStore`] serves it
-//! in-process and `grpc` (feature `grpc`) over a simulated network; [`journal`] is its record of changes.
+//! in-process (each client over a link of its own) and `grpc` (feature `grpc`) over a simulated
+//! network; its clock expires leases and syncs watches; its faults are verbs on [`SimStore`];
+//! [`journal`] is its record of changes.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod clock;
+mod config;
+mod faults;
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub mod grpc;
 pub mod journal;
+mod keepalive;
 mod link;
 pub mod state;
 mod store;
+mod watch;
 
-pub use store::{CompactionTask, SimConfig, SimStore};
+pub use config::SimConfig;
+pub use faults::CompactionTask;
+pub use store::SimStore;
 
 /// The crate's README, whose examples are compiled as doctests.
 #[cfg(doctest)]

@@ -1,0 +1,324 @@
+//! The connections to etcd's members: a channel per member, which one requests go to, when
+//! to move to the next (failover) and when a silent connection is replaced; and the one way a
+//! request is sent, with bounded retries. The store's calls, its keep-alives and its watches all
+//! go through it.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use coord_api::{Error, Result};
+use etcd_client::Client;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::EtcdConfig;
+use crate::error::{map, Kind, BACKEND};
+
+/// One endpoint and, once connected, its client. Each endpoint gets its own client (a
+/// channel to that member alone) so the store decides where a request goes: etcd-client's
+/// own balancer keeps picking a dead member and fails about a third of requests after a
+/// member dies (`docs/ETCD-BEHAVIOUR.md` 3.6).
+struct Endpoint {
+    url: String,
+    /// The connection, and the token that ends the streams opened on it when it is
+    /// replaced.
+    client: Mutex<Option<(Client, CancellationToken)>>,
+    /// When the current connection last answered anything (a reply, a keep-alive answer):
+    /// a connection that answered lately is slow, not dead, and is kept.
+    answered: Mutex<Option<Instant>>,
+    /// Makes the channel to connect over, when the caller supplies channels
+    /// ([`EtcdStore::from_channel_factory`](crate::EtcdStore::from_channel_factory)) rather than endpoints.
+    channel: Option<ChannelFactory>,
+}
+
+/// Makes a new channel (a new connection) to one member.
+pub(crate) type ChannelFactory = Arc<dyn Fn() -> tonic::transport::Channel + Send + Sync>;
+
+pub(crate) struct Pool {
+    endpoints: Vec<Endpoint>,
+    /// The endpoint requests go to until it fails.
+    current: AtomicUsize,
+    config: EtcdConfig,
+}
+
+impl Pool {
+    pub(crate) fn new(config: EtcdConfig, channel: Option<ChannelFactory>) -> Self {
+        let endpoints = match channel {
+            None => config
+                .endpoints
+                .iter()
+                .map(|url| Endpoint {
+                    url: url.clone(),
+                    client: Mutex::new(None),
+                    answered: Mutex::new(None),
+                    channel: None,
+                })
+                .collect(),
+            Some(make) => vec![Endpoint {
+                url: "channel".to_owned(),
+                client: Mutex::new(None),
+                answered: Mutex::new(None),
+                channel: Some(make),
+            }],
+        };
+        Pool {
+            endpoints,
+            current: AtomicUsize::new(0),
+            config,
+        }
+    }
+
+    /// The members' endpoints, in order.
+    pub(crate) fn urls(&self) -> Vec<&str> {
+        self.endpoints.iter().map(|e| e.url.as_str()).collect()
+    }
+
+    /// The configuration the connections run with.
+    pub(crate) fn config(&self) -> &EtcdConfig {
+        &self.config
+    }
+
+    /// Asks each endpoint in turn for its status until one answers.
+    pub(crate) async fn probe(&self) -> Result<()> {
+        let mut failures = Vec::new();
+        for i in 0..self.endpoints.len() {
+            let url = self.endpoints[i].url.clone();
+            let attempt = async {
+                let mut c = self.client_at(i).await?;
+                c.status().await.map_err(|e| map("connect", Kind::Read, e))
+            };
+            match tokio::time::timeout(self.config.connect_timeout, attempt).await {
+                Ok(Ok(_)) => {
+                    self.current.store(i, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Ok(Err(e @ (Error::PermissionDenied { .. } | Error::InvalidArgument { .. }))) => {
+                    return Err(e)
+                }
+                Ok(Err(e)) => {
+                    if let Some(reason) = self.tls_refusal(&e) {
+                        return Err(Error::PermissionDenied {
+                            backend: BACKEND,
+                            reason: format!("{url}: {reason}"),
+                        });
+                    }
+                    failures.push(format!("{url}: {}", error_chain(&e)))
+                }
+                Err(_) => failures.push(format!(
+                    "{url}: no answer within {:?}",
+                    self.config.connect_timeout
+                )),
+            }
+        }
+        Err(Error::Unavailable {
+            backend: BACKEND,
+            operation: "connect",
+            source: format!("no etcd endpoint answered: {}", failures.join("; ")).into(),
+        })
+    }
+
+    /// A TLS failure that retrying cannot fix, in words: the server refused our certificate,
+    /// we do not trust the server's, or the server hung up right after the handshake (how a
+    /// TLS 1.3 server refuses a missing or foreign client certificate when its alert loses
+    /// the race with our first write). The last is a judgement: it only applies on connect,
+    /// where a server that answers nothing at all would have failed the handshake instead.
+    fn tls_refusal(&self, e: &Error) -> Option<String> {
+        let tls = self.config.tls.as_ref()?;
+        // Debug, not Display: tonic's Status does not expose the transport error it wraps as
+        // a source, and the TLS alert is only in there.
+        let chain = format!("{e:?}");
+        if chain.contains("fatal alert") || chain.contains("invalid peer certificate") {
+            return Some(format!("TLS refused: {chain}"));
+        }
+        // Depending on timing, the hang-up surfaces as any of these.
+        let hung_up = ["connection closed", "broken pipe", "connection reset"]
+            .iter()
+            .any(|m| chain.contains(m));
+        if hung_up {
+            let why = if tls.identity.is_none() {
+                "it most likely requires a client certificate, and none is configured"
+            } else {
+                "it most likely does not accept this client certificate (TLS 1.3 lets a \
+                 server refuse it after the client's handshake is done)"
+            };
+            return Some(format!(
+                "the server closed the connection right after the TLS handshake; {why} ({chain})"
+            ));
+        }
+        None
+    }
+
+    /// The client of endpoint `i`, connecting it first if needed.
+    pub(crate) async fn client_at(&self, i: usize) -> Result<Client> {
+        Ok(self.connection_at(i).await?.0)
+    }
+
+    /// Endpoint `i`'s client, and a token cancelled when that connection is replaced (see
+    /// [`reconnect`](Self::reconnect)): streams opened on it end then, rather than wait on a
+    /// dead connection.
+    pub(crate) async fn connection_at(&self, i: usize) -> Result<(Client, CancellationToken)> {
+        let ep = &self.endpoints[i];
+        if let Some(c) = ep.client.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Ok(c);
+        }
+        let options = Some(self.config.connect_options());
+        let client = match &ep.channel {
+            Some(make) => Client::from_channel(etcd_client::Channel::Tonic(make()), options).await,
+            None => Client::connect([ep.url.as_str()], options).await,
+        }
+        .map_err(|e| map("connect", Kind::Read, e))?;
+        let connection = (client, CancellationToken::new());
+        *ep.client.lock().unwrap_or_else(|p| p.into_inner()) = Some(connection.clone());
+        Ok(connection)
+    }
+
+    /// Drops endpoint `i`'s connection after it stopped answering: the next request connects
+    /// afresh. A connection whose peer vanished without a reset (a partition that outlived
+    /// TCP, a NAT that forgot it) otherwise holds every request until the request timeout,
+    /// over and over, until HTTP/2 keep-alive finally notices it (10 s + 5 s by default).
+    pub(crate) fn reconnect(&self, i: usize) {
+        let ep = &self.endpoints[i];
+        *ep.answered.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if let Some((_, streams)) = ep.client.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            tracing::debug!(endpoint = %ep.url, "no answer; reconnecting");
+            streams.cancel();
+        }
+    }
+
+    /// Notes that endpoint `i`'s connection answered something just now.
+    pub(crate) fn answered(&self, i: usize) {
+        *self.endpoints[i]
+            .answered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+    }
+
+    /// Replaces endpoint `i`'s connection unless it answered anything since `since`: a
+    /// request abandoned on a connection that still answers others is slow, not dead.
+    pub(crate) fn reconnect_if_silent_since(&self, i: usize, since: Instant) {
+        let last = *self.endpoints[i]
+            .answered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if last.is_none_or(|at| at < since) {
+            self.reconnect(i);
+        }
+    }
+
+    /// The endpoint index requests currently go to.
+    pub(crate) fn current(&self) -> usize {
+        self.current.load(Ordering::Relaxed)
+    }
+
+    /// Moves requests off endpoint `from` (if no one moved them already).
+    pub(crate) fn fail_over(&self, from: usize) {
+        let n = self.endpoints.len();
+        if n > 1 {
+            let next = (from + 1) % n;
+            if self
+                .current
+                .compare_exchange(from, next, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            {
+                tracing::debug!(
+                    from = %self.endpoints[from].url,
+                    to = %self.endpoints[next].url,
+                    "etcd endpoint failed; moving to the next"
+                );
+            }
+        }
+    }
+
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.config.request_timeout
+    }
+
+    /// Runs one request with failover and bounded retries; see the type's docs.
+    pub(crate) async fn call<T, F, Fut>(&self, op: &'static str, kind: Kind, mut f: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut + Send,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>> + Send,
+        T: Send,
+    {
+        self.call_on(op, kind, move |c, _| f(c)).await
+    }
+
+    /// As [`call`](Self::call), also handing `f` the connection's token (see
+    /// [`connection_at`](Self::connection_at)), for requests that open a stream.
+    pub(crate) async fn call_on<T, F, Fut>(
+        &self,
+        op: &'static str,
+        kind: Kind,
+        mut f: F,
+    ) -> Result<T>
+    where
+        F: FnMut(Client, CancellationToken) -> Fut + Send,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>> + Send,
+        T: Send,
+    {
+        let deadline = Instant::now() + self.request_timeout();
+        let n = self.endpoints.len();
+        let mut backoff = Duration::from_millis(20);
+        let mut attempt = 0usize;
+        loop {
+            let idx = self.current();
+            let outcome = tokio::time::timeout_at(deadline, async {
+                let (client, streams) = self.connection_at(idx).await?;
+                f(client, streams).await.map_err(|e| map(op, kind, e))
+            })
+            .await;
+            let err = match outcome {
+                Ok(Ok(v)) => {
+                    self.answered(idx);
+                    return Ok(v);
+                }
+                Ok(Err(e)) => e,
+                Err(_) => {
+                    self.reconnect(idx);
+                    let source = format!("no answer within {:?}", self.request_timeout());
+                    return Err(match kind {
+                        Kind::Read => Error::Unavailable {
+                            backend: BACKEND,
+                            operation: op,
+                            source: source.into(),
+                        },
+                        Kind::Write => Error::Indeterminate {
+                            backend: BACKEND,
+                            operation: op,
+                            source: source.into(),
+                        },
+                    });
+                }
+            };
+            if !err.is_retryable() {
+                return Err(err);
+            }
+            self.fail_over(idx);
+            attempt += 1;
+            // The first pass over the other members goes at once; after that, back off.
+            if attempt >= n {
+                if Instant::now() + backoff >= deadline {
+                    return Err(err);
+                }
+                tracing::debug!(operation = op, attempt, backoff_ms = backoff.as_millis() as u64, error = %error_chain(&err), "retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(500));
+            }
+        }
+    }
+}
+
+/// An error and its sources on one line, for messages that must say everything.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(src) = cur {
+        s.push_str(": ");
+        s.push_str(&src.to_string());
+        cur = src.source();
+    }
+    s
+}

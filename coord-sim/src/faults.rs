@@ -1,0 +1,180 @@
+//! The faults a test injects: per client (its link: partitions both ways or one way, held
+//! messages, latency, lost replies) and store-wide (every stream closed, a leader change, a
+//! crash and restart, a compaction storm). Each is a verb, and each that lasts has its undo.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::clock::background;
+use crate::journal::Origin;
+use crate::store::SimStore;
+
+impl SimStore {
+    /// Fault: the next `count` writes of this client (put, delete, txn, grant, revoke,
+    /// compact) are applied, but their replies are lost: each returns `Indeterminate`, as a
+    /// request that timed out after reaching etcd does.
+    pub fn lose_replies(&self, count: u32) {
+        self.link.set_lost_replies(count);
+    }
+
+    /// Fault: an etcd leader change. Every keep-alive channel and watch stream ends (as
+    /// [`close_streams`](Self::close_streams)), and every lease is refreshed to its full TTL
+    /// plus `election_timeout` from now, as etcd's new leader does (so a crashed client's
+    /// lease outlives its TTL: etcd#9395).
+    pub fn leader_change(&self, election_timeout: Duration) {
+        self.close_streams();
+        self.shared.apply(Origin::Store, |s, now| {
+            s.expire(now);
+            s.promote(now, election_timeout);
+        });
+        self.shared.deadlines_changed.notify_one();
+    }
+
+    /// Fault: the store crashes. Every stream ends; until [`restart`](Self::restart) every
+    /// call fails with `Unavailable` (connection refused) and no lease expires, as a stopped
+    /// etcd's leases do not. Its data is kept, as etcd's is on disk.
+    pub fn crash(&self) {
+        self.shared.down.store(true, Ordering::SeqCst);
+        self.close_streams();
+    }
+
+    /// Repairs [`crash`](Self::crash): the store answers again, with every lease refreshed
+    /// to its TTL plus `election_timeout` from now, as a restarted etcd member that becomes
+    /// leader does.
+    pub fn restart(&self, election_timeout: Duration) {
+        // Refresh before answering: a lease whose deadline passed while the store was down
+        // lives on, as etcd's recovered leases do.
+        self.shared
+            .apply(Origin::Store, |s, now| s.promote(now, election_timeout));
+        self.shared.down.store(false, Ordering::SeqCst);
+        self.close_streams();
+        self.shared.deadlines_changed.notify_one();
+    }
+
+    /// Starts the store again after the runtime that ran its clock is gone, as when the
+    /// turmoil host serving it crashed and came back: its data is kept (as etcd's is on
+    /// disk), its clock task starts on the current runtime, every stream of the old runtime
+    /// is closed, and every lease is refreshed to its TTL plus `election_timeout`, as a
+    /// restarted etcd member does.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime.
+    pub fn resume_on_current_runtime(&self, election_timeout: Duration) {
+        tokio::spawn(background(
+            Arc::downgrade(&self.shared),
+            self.shared.deadlines_changed.clone(),
+        ));
+        self.restart(election_timeout);
+    }
+
+    /// Whether the store is crashed.
+    pub fn is_down(&self) -> bool {
+        self.shared.down.load(Ordering::SeqCst)
+    }
+
+    /// Fault: compacts at the current revision every `every`, until the returned handle is
+    /// dropped (etcd's `--auto-compaction-mode=revision` at its most aggressive).
+    pub fn compact_every(&self, every: Duration) -> CompactionTask {
+        let store = self.connect();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+            loop {
+                tick.tick().await;
+                let rev = store.revision();
+                if rev > store.compact_revision() && !store.is_down() {
+                    let _ = store
+                        .shared
+                        .apply(Origin::Store, |s, now| s.compact(now, rev));
+                }
+            }
+        });
+        CompactionTask(task)
+    }
+
+    /// Fault: partitions this client from the store, both ways, until [`repair`]: requests
+    /// and replies vanish, so every call through this handle (and its clones) fails after
+    /// [`SimConfig::request_timeout`](crate::SimConfig::request_timeout) having changed nothing (unless the request got across
+    /// before), and its watch streams deliver nothing, then end with `StreamClosed` once the
+    /// link is repaired (the connection died). The store, its leases' clocks and other clients
+    /// go on.
+    ///
+    /// [`repair`]: Self::repair
+    pub fn partition(&self) {
+        self.link.update(|s| s.cut = true);
+    }
+
+    /// Repairs [`partition`](Self::partition).
+    pub fn repair(&self) {
+        self.link.update(|s| s.cut = false);
+    }
+
+    /// Fault: a one-way partition, store to client, until [`repair_oneway`]: requests still
+    /// reach the store and apply, but replies vanish, so each call fails after
+    /// [`SimConfig::request_timeout`](crate::SimConfig::request_timeout) (writes with `Indeterminate`), renewals renew the lease
+    /// without the client learning it, and watch streams stall, then end once repaired.
+    ///
+    /// [`repair_oneway`]: Self::repair_oneway
+    pub fn partition_oneway(&self) {
+        self.link.update(|s| s.deaf = true);
+    }
+
+    /// Repairs [`partition_oneway`](Self::partition_oneway).
+    pub fn repair_oneway(&self) {
+        self.link.update(|s| s.deaf = false);
+    }
+
+    /// Fault: holds every message of this client, both ways (calls, their replies, renewals,
+    /// watch deliveries), until [`release`](Self::release); then they all go through, nothing
+    /// lost (turmoil's hold).
+    pub fn hold(&self) {
+        self.link.update(|s| s.held = true);
+    }
+
+    /// Releases [`hold`](Self::hold).
+    pub fn release(&self) {
+        self.link.update(|s| s.held = false);
+    }
+
+    /// Fault: every request of this client (and its clones) takes `latency` more to reach the
+    /// store, on top of [`SimConfig::latency`](crate::SimConfig::latency); other clients are not slowed.
+    pub fn set_latency(&self, latency: Duration) {
+        self.link.set_latency(latency);
+    }
+
+    /// Fault: every reply to this client, and every watch delivery, takes `latency` more to
+    /// come back, on top of [`SimConfig::latency`](crate::SimConfig::latency): requests apply on time, their callers
+    /// learn of it late (a slow but successful reply).
+    pub fn set_reply_latency(&self, latency: Duration) {
+        self.link.set_reply_latency(latency);
+    }
+
+    /// Fault: ends every open keep-alive channel and watch stream, as a lost connection or an
+    /// etcd leader change does. Each channel fails its next renewal with `StreamClosed` (the
+    /// lease itself lives on), each watch yields `StreamClosed` and ends. New channels and
+    /// watches work as before.
+    pub fn close_streams(&self) {
+        self.shared.stream_epoch.fetch_add(1, Ordering::SeqCst);
+        let mut inner = self.shared.lock();
+        let sinks = std::mem::take(&mut inner.sinks);
+        for (id, tx) in sinks {
+            inner.state.cancel_watch(id);
+            let _ = tx.send(Err(coord_api::Error::StreamClosed {
+                stream: "watch",
+                source: Some("the simulator closed every stream".into()),
+            }));
+        }
+    }
+}
+
+/// Periodic compaction started by [`SimStore::compact_every`]; dropping it stops it.
+#[derive(Debug)]
+pub struct CompactionTask(tokio::task::JoinHandle<()>);
+
+impl Drop for CompactionTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,124 @@
+//! A watch's stream: the events the state machine queues for it, carried over the client's
+//! link, ended when the link breaks or the store closes its streams.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use coord_api::{Result, WatchResponse, WatchStream};
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::link::Link;
+use crate::state::WatchId;
+use crate::store::Shared;
+
+/// Cancels the watch when its stream is dropped.
+struct WatchGuard {
+    shared: Weak<Shared>,
+    id: WatchId,
+}
+
+impl Drop for WatchGuard {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.upgrade() {
+            let mut inner = shared.lock();
+            inner.sinks.remove(&self.id);
+            inner.state.cancel_watch(self.id);
+        }
+    }
+}
+
+/// The link a watch stream was opened over, the connection it was opened on, and the
+/// store's base latency each delivery takes.
+pub(crate) struct StreamLink {
+    pub(crate) link: Arc<Link>,
+    pub(crate) generation: u64,
+    pub(crate) latency: Duration,
+}
+
+fn link_broken() -> coord_api::Error {
+    coord_api::Error::StreamClosed {
+        stream: "watch",
+        source: Some("the simulated connection broke".into()),
+    }
+}
+
+pub(crate) fn watch_stream(
+    shared: Arc<Shared>,
+    id: WatchId,
+    mut rx: mpsc::UnboundedReceiver<Result<WatchResponse>>,
+    progress: Option<Duration>,
+    link: StreamLink,
+) -> WatchStream {
+    let guard = WatchGuard {
+        shared: Arc::downgrade(&shared),
+        id,
+    };
+    drop(shared);
+    async_stream::stream! {
+        let guard = guard;
+        // Like etcd, notify progress only after a whole interval without events.
+        let mut next_tick = progress.map(|every| Instant::now() + every);
+        let mut sent_since_tick = false;
+        let mut link_rx = link.link.subscribe();
+        loop {
+            let tick = async {
+                match next_tick {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                // A fault on the link: the stream stalls while it lasts, and dies with the
+                // connection if the connection broke.
+                changed = link_rx.changed() => {
+                    if changed.is_err() || link.link.wait_flowing(link.generation).await.is_err() {
+                        yield Err(link_broken());
+                        break;
+                    }
+                }
+                item = rx.recv() => match item {
+                    Some(item) => {
+                        let delay = link.latency + link.link.reply_latency();
+                        if !delay.is_zero() {
+                            tokio::time::sleep(delay).await;
+                        }
+                        if link.link.wait_flowing(link.generation).await.is_err() {
+                            yield Err(link_broken());
+                            break;
+                        }
+                        let end = item.is_err();
+                        sent_since_tick = true;
+                        yield item;
+                        if end { break; }
+                    }
+                    None => break,
+                },
+                _ = tick => {
+                    let every = progress.expect("ticks only with progress");
+                    next_tick = Some(Instant::now() + every);
+                    if std::mem::take(&mut sent_since_tick) {
+                        continue;
+                    }
+                    if link.link.wait_flowing(link.generation).await.is_err() {
+                        yield Err(link_broken());
+                        break;
+                    }
+                    let Some(shared) = guard.shared.upgrade() else { break };
+                    // Read the revision under the lock that deliveries are sent under: if
+                    // nothing is queued for us now, every event up to it has been delivered.
+                    let revision = {
+                        let inner = shared.lock();
+                        rx.is_empty().then(|| inner.state.revision())
+                    };
+                    if let Some(revision) = revision {
+                        yield Ok(WatchResponse::new(revision, Vec::new()));
+                    }
+                }
+            }
+        }
+    }
+    .boxed()
+}
