@@ -21,43 +21,11 @@ use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::check::{self, FencedWrites, Invariant};
-use crate::history::{Emitted, Happening, Incarnation, Outcome, Part};
+use crate::history::{Emitted, Happening, Outcome, Part};
+use crate::keys::{election_name, host_key, metadata, work_key, HOSTS};
 use crate::rng::Rng;
 use crate::scenario::Scenario;
 use crate::service::{Node, PartStopRequest, Service};
-
-/// The prefix every node registers under.
-pub const HOSTS: &str = "hosts/";
-
-/// The name of election `e`.
-pub fn election_name(e: usize) -> String {
-    format!("elections/e{e}")
-}
-
-/// The key leaders of election `e` write through the fence.
-pub fn work_key(e: usize) -> String {
-    format!("work/{}/token", election_name(e))
-}
-
-/// The key node `node` registers.
-pub fn host_key(node: usize) -> String {
-    format!("{HOSTS}n{node}")
-}
-
-/// The metadata a node registers: who it is, and a generation that grows with each update.
-fn metadata(who: Incarnation, generation: u64) -> String {
-    format!("{who}#{generation}")
-}
-
-/// The generation of a node's metadata (see [`metadata`]).
-pub(crate) fn metadata_generation(value: &[u8]) -> Option<u64> {
-    std::str::from_utf8(value)
-        .ok()?
-        .rsplit_once('#')?
-        .1
-        .parse()
-        .ok()
-}
 
 /// coord's own service: the recipes as a service would use them. See the module docs.
 #[derive(Debug, Clone, Copy, Default)]

@@ -12,10 +12,10 @@ use coord_sim::{CompactionTask, SimConfig, SimStore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::coord_node::HOSTS;
 use crate::driver::{actions, Driver, World};
 use crate::fault::{Fault, FaultKind};
 use crate::history::{Happening, History, Incarnation};
+use crate::keys::HOSTS;
 use crate::recorder::Recorder;
 use crate::scenario::Scenario;
 use crate::service::{Node, NodeControl, PartStopRequest, Service};

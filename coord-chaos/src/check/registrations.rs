@@ -8,9 +8,9 @@ use coord_sim::journal::{Entry, Origin};
 
 use super::elections::{heal_bound, live_at_end};
 use super::{FaultSpan, Run, Violation};
-use crate::coord_node::{host_key, metadata_generation, HOSTS};
 use crate::fault::FaultKind;
 use crate::history::{Happening, Incarnation, Part};
+use crate::keys::{host_key, metadata_generation, HOSTS};
 
 /// S6: a node deletes (or revokes away) only keys under its own incarnation's leases.
 pub(super) fn s6_no_foreign_deletes(run: &Run<'_>, out: &mut Vec<Violation>) {

@@ -8,8 +8,8 @@ use std::time::Duration;
 use coord_api::{EventKind, LeaseId};
 
 use super::{PartStop, Run, Violation};
-use crate::coord_node::host_key;
 use crate::history::{Happening, Part};
+use crate::keys::host_key;
 
 pub(super) fn l7_stops(run: &Run<'_>, out: &mut Vec<Violation>) {
     l7_incarnation_stops(run, out);

@@ -7,8 +7,8 @@ use std::time::Duration;
 use coord_api::{Event, EventKind, LeaseId, Revision};
 use coord_sim::journal::{Entry, Origin};
 
-use crate::coord_node::HOSTS;
 use crate::history::{Happening, History, Incarnation};
+use crate::keys::HOSTS;
 
 /// A key as it stands.
 #[derive(Debug, Clone, PartialEq, Eq)]

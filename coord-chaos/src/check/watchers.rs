@@ -9,8 +9,8 @@ use coord_api::Revision;
 
 use super::elections::{heal_bound, live_at_end};
 use super::{time_of, Run, Violation};
-use crate::coord_node::HOSTS;
 use crate::history::{Emitted, Happening, Incarnation};
+use crate::keys::HOSTS;
 
 /// S4 and S5, per watcher incarnation: every view equals the truth at its revision (hosts and
 /// their metadata), and revisions never go back; per host the events alternate up and down
