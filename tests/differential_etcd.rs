@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use coord_api::{
     Compare, CompareOp, DeleteRequest, Error, Event, EventKind, GetRequest, KeyRange, KeyValue,
-    KvLeaseStore, KvLeaseStoreExt, LeaseId, PutRequest, Revision, TxnOp, TxnOpResponse, TxnRequest,
-    WatchRequest, WatchStream,
+    KvLeaseStore, KvLeaseStoreExt, LeaseId, PutRequest, Revision, SortOrder, SortTarget, TxnOp,
+    TxnOpResponse, TxnRequest, WatchRequest, WatchStream,
 };
 use coord_etcd::testing::EtcdCluster;
 use coord_sim::SimStore;
@@ -80,6 +80,10 @@ enum Op {
         target: Target,
         at: Rev,
         limit: Option<u8>,
+        /// Sort by target 0..5 (key, version, create, mod, value), descending if set.
+        sort: Option<(u8, bool)>,
+        /// Filter kind 0..4 (min create, max create, min mod, max mod) at a revision.
+        filter: Option<(u8, Rev)>,
     },
     Delete {
         target: Target,
@@ -154,8 +158,9 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         30 => (0..KEYS.len() as u8, 0..4u8, lease_ref(), any::<bool>())
             .prop_map(|(key, value, lease, prev_kv)| Op::Put { key, value, lease, prev_kv }),
-        15 => (target(), rev(), prop::option::of(1..4u8))
-            .prop_map(|(target, at, limit)| Op::Get { target, at, limit }),
+        15 => (target(), rev(), prop::option::of(1..4u8),
+               prop::option::of((0..5u8, any::<bool>())), prop::option::of((0..4u8, rev())))
+            .prop_map(|(target, at, limit, sort, filter)| Op::Get { target, at, limit, sort, filter }),
         10 => (target(), any::<bool>()).prop_map(|(target, prev_kv)| Op::Delete { target, prev_kv }),
         15 => (0..KEYS.len() as u8, 0..4u8, cmp_target(),
                prop::collection::vec(simple(), 0..3), prop::collection::vec(simple(), 0..3))
@@ -419,13 +424,43 @@ impl Exec<'_> {
                     Err(e) => self.err(&e),
                 }
             }
-            Op::Get { target, at, limit } => {
+            Op::Get {
+                target,
+                at,
+                limit,
+                sort,
+                filter,
+            } => {
                 let mut req = GetRequest::range(self.range(*target));
                 if !matches!(at, Rev::Latest) {
                     req = req.with_revision(self.abs(*at));
                 }
                 if let Some(l) = limit {
                     req = req.with_limit(u64::from(*l));
+                }
+                if let Some((target, desc)) = sort {
+                    let target = [
+                        SortTarget::Key,
+                        SortTarget::Version,
+                        SortTarget::Create,
+                        SortTarget::Mod,
+                        SortTarget::Value,
+                    ][usize::from(*target) % 5];
+                    let order = if *desc {
+                        SortOrder::Descend
+                    } else {
+                        SortOrder::Ascend
+                    };
+                    req = req.with_sort(target, order);
+                }
+                if let Some((kind, at)) = filter {
+                    let rev = self.abs(*at);
+                    req = match kind % 4 {
+                        0 => req.with_min_create_revision(rev),
+                        1 => req.with_max_create_revision(rev),
+                        2 => req.with_min_mod_revision(rev),
+                        _ => req.with_max_mod_revision(rev),
+                    };
                 }
                 match s.get(req).await {
                     Ok(r) => Outcome::Get {

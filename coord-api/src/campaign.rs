@@ -17,7 +17,8 @@ use crate::error::{Error, ErrorClass, Result};
 use crate::recipes::follow::{Change, Follow};
 use crate::recipes::retry;
 use crate::request::{
-    Compare, CompareOp, DeleteRequest, GetRequest, PutRequest, TxnRequest, WatchRequest,
+    Compare, CompareOp, DeleteRequest, GetRequest, PutRequest, SortOrder, SortTarget, TxnOp,
+    TxnRequest, WatchRequest,
 };
 use crate::store::{DynKvLeaseStore, KvLeaseStore, LeaderStream};
 use crate::types::{EventKind, KeyValue, LeaseId, Revision};
@@ -164,7 +165,19 @@ async fn wait_for_turn<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) 
     let mut backoff = retry::store_backoff(retry::seed(&[&leader.key]));
     let mut first = true;
     loop {
-        let snapshot = match store.get(GetRequest::prefix(prefix.clone())).await {
+        // One consistent read: our own key, and the newest key created before it (the one
+        // whose deletion we wait for), as etcd's Go client asks (sorted, limit 1, so a queue of
+        // thousands costs one key per read, not the whole queue).
+        let read = TxnRequest::new().and_then([
+            TxnOp::Get(GetRequest::key(leader.key.to_vec())),
+            TxnOp::Get(
+                GetRequest::prefix(prefix.clone())
+                    .with_max_create_revision(leader.token.prev())
+                    .with_sort(SortTarget::Create, SortOrder::Descend)
+                    .with_limit(1),
+            ),
+        ]);
+        let snapshot = match store.txn(read).await {
             Ok(s) => s,
             Err(e) if matches!(e.class(), ErrorClass::Retryable) => {
                 tracing::debug!(election = %leader.name, error = &e as &dyn std::error::Error, "could not read the queue; retrying");
@@ -175,17 +188,19 @@ async fn wait_for_turn<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) 
         };
         backoff.reset();
         crate::sync::explore::point().await;
-        let own = snapshot.kvs.iter().find(|kv| kv.key == leader.key);
+        let first_kv = |i: usize| {
+            snapshot
+                .responses
+                .get(i)
+                .and_then(|r| r.as_get())
+                .and_then(|g| g.kvs.first())
+        };
+        let own = first_kv(0);
         if own.map(|kv| kv.create_revision) != Some(leader.token) && (first || !skip_own_check) {
             return Err(lost(leader));
         }
         first = false;
-        let predecessor = snapshot
-            .kvs
-            .iter()
-            .filter(|kv| kv.create_revision < leader.token)
-            .max_by_key(|kv| kv.create_revision);
-        let Some(predecessor) = predecessor else {
+        let Some(predecessor) = first_kv(1) else {
             // One consistent read saw our key, as we created it, with nobody before it.
             return Ok(());
         };

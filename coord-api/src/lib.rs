@@ -76,8 +76,8 @@ pub use campaign::{candidate_key, LeaderKey};
 pub use error::{BoxError, Error, ErrorClass, Result};
 pub use request::{
     Compare, CompareOp, CompareTarget, DeleteRequest, DeleteResponse, GetRequest, GetResponse,
-    LeaseGrant, LeaseTimeToLive, PutRequest, PutResponse, TxnOp, TxnOpResponse, TxnRequest,
-    TxnResponse, WatchRequest, WatchResponse,
+    LeaseGrant, LeaseTimeToLive, PutRequest, PutResponse, SortOrder, SortTarget, TxnOp,
+    TxnOpResponse, TxnRequest, TxnResponse, WatchRequest, WatchResponse,
 };
 pub use store::{
     DynKvLeaseStore, KeepAlive, KvLeaseStore, KvLeaseStoreExt, LeaderStream, WatchStream,

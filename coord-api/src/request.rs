@@ -17,6 +17,22 @@ use bytes::Bytes;
 use crate::types::{Event, KeyRange, KeyValue, LeaseId, Revision};
 
 /// Read one key or a prefix, at the latest or a past revision.
+///
+/// Beyond the range and the revision, as etcd's range request: keep only keys created or
+/// modified within bounds, sort by a field, and return at most `limit` keys. Filters and
+/// sorting apply before the limit; `count` counts the whole range, before filtering (as etcd
+/// reports it).
+///
+/// ```
+/// use coord_api::{GetRequest, Revision, SortOrder, SortTarget};
+/// // The newest key of an election's queue created before revision 42: who waits just
+/// // ahead of the candidate created at 42.
+/// let ahead = GetRequest::prefix("jobs/")
+///     .with_max_create_revision(Revision(41))
+///     .with_sort(SortTarget::Create, SortOrder::Descend)
+///     .with_limit(1);
+/// # let _ = ahead;
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct GetRequest {
@@ -24,8 +40,45 @@ pub struct GetRequest {
     pub range: KeyRange,
     /// Read at this revision instead of the latest; it must not be compacted or in the future.
     pub revision: Option<Revision>,
-    /// Return at most this many keys (in key order); `count` still counts them all.
+    /// Return at most this many keys (after filtering and sorting); `count` still counts them
+    /// all.
     pub limit: Option<u64>,
+    /// Sort by this field in this order; `None` is key order.
+    pub sort: Option<(SortTarget, SortOrder)>,
+    /// Keep only keys created at or after this revision.
+    pub min_create_revision: Option<Revision>,
+    /// Keep only keys created at or before this revision.
+    pub max_create_revision: Option<Revision>,
+    /// Keep only keys last modified at or after this revision.
+    pub min_mod_revision: Option<Revision>,
+    /// Keep only keys last modified at or before this revision.
+    pub max_mod_revision: Option<Revision>,
+}
+
+/// The field a [`GetRequest`] sorts by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SortTarget {
+    /// The key.
+    Key,
+    /// The key's version (how many times it was written since it was created). Keys with
+    /// the same version come in no specified order.
+    Version,
+    /// The create revision.
+    Create,
+    /// The last modification's revision.
+    Mod,
+    /// The value, as bytes. Keys with the same value come in no specified order.
+    Value,
+}
+
+/// The order a [`GetRequest`] sorts in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SortOrder {
+    /// Smallest first.
+    Ascend,
+    /// Largest first.
+    Descend,
 }
 
 impl GetRequest {
@@ -45,6 +98,11 @@ impl GetRequest {
             range,
             revision: None,
             limit: None,
+            sort: None,
+            min_create_revision: None,
+            max_create_revision: None,
+            min_mod_revision: None,
+            max_mod_revision: None,
         }
     }
 
@@ -59,6 +117,45 @@ impl GetRequest {
         self.limit = Some(limit);
         self
     }
+
+    /// Sort by `target` in `order`.
+    pub fn with_sort(mut self, target: SortTarget, order: SortOrder) -> Self {
+        self.sort = Some((target, order));
+        self
+    }
+
+    /// Keep only keys created at or after `revision`.
+    pub fn with_min_create_revision(mut self, revision: impl Into<Revision>) -> Self {
+        self.min_create_revision = Some(revision.into());
+        self
+    }
+
+    /// Keep only keys created at or before `revision`.
+    pub fn with_max_create_revision(mut self, revision: impl Into<Revision>) -> Self {
+        self.max_create_revision = Some(revision.into());
+        self
+    }
+
+    /// Keep only keys last modified at or after `revision`.
+    pub fn with_min_mod_revision(mut self, revision: impl Into<Revision>) -> Self {
+        self.min_mod_revision = Some(revision.into());
+        self
+    }
+
+    /// Keep only keys last modified at or before `revision`.
+    pub fn with_max_mod_revision(mut self, revision: impl Into<Revision>) -> Self {
+        self.max_mod_revision = Some(revision.into());
+        self
+    }
+
+    /// Whether the request filters or sorts (so the whole range is read before the limit).
+    pub fn filters_or_sorts(&self) -> bool {
+        self.sort.is_some()
+            || self.min_create_revision.is_some()
+            || self.max_create_revision.is_some()
+            || self.min_mod_revision.is_some()
+            || self.max_mod_revision.is_some()
+    }
 }
 
 /// What a get returns.
@@ -68,11 +165,11 @@ pub struct GetResponse {
     /// The store's revision when it served the read (the latest, even for a read at a past
     /// revision, as etcd reports it).
     pub revision: Revision,
-    /// The keys found, in key order, at most `limit` of them.
+    /// The keys found, in key order (or the requested sort), at most `limit` of them.
     pub kvs: Vec<KeyValue>,
-    /// How many keys the range holds, regardless of `limit`.
+    /// How many keys the range holds, regardless of `limit` and of the revision filters.
     pub count: u64,
-    /// True when `limit` cut the result short.
+    /// True when `limit` cut the (filtered) result short.
     pub more: bool,
 }
 

@@ -80,6 +80,12 @@ pub fn simulate_service_turmoil(
     let scenario = Arc::new(scenario.clone());
     let mut sim = turmoil::Builder::new()
         .rng_seed(seed)
+        .tick_duration(
+            std::env::var("TICK_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map_or(Duration::from_millis(1), Duration::from_millis),
+        )
         .simulation_duration(scenario.duration + Duration::from_secs(60))
         .min_message_latency(scenario.latency)
         .max_message_latency(scenario.latency)

@@ -2,8 +2,8 @@
 
 use coord_api::{
     Bytes, CompareOp, CompareTarget, DeleteRequest, DeleteResponse, Event, EventKind, GetRequest,
-    GetResponse, KeyRange, KeyValue, LeaseId, PutRequest, PutResponse, Revision, TxnOp,
-    TxnOpResponse, TxnRequest, TxnResponse,
+    GetResponse, KeyRange, KeyValue, LeaseId, PutRequest, PutResponse, Revision, SortOrder,
+    SortTarget, TxnOp, TxnOpResponse, TxnRequest, TxnResponse,
 };
 use etcd_client as ec;
 
@@ -24,6 +24,33 @@ pub(crate) fn get(req: &GetRequest) -> (Vec<u8>, ec::GetOptions) {
     }
     if let Some(limit) = req.limit {
         o = o.with_limit(limit.min(i64::MAX as u64) as i64);
+    }
+    if let Some((target, order)) = req.sort {
+        let target = match target {
+            SortTarget::Version => ec::SortTarget::Version,
+            SortTarget::Create => ec::SortTarget::Create,
+            SortTarget::Mod => ec::SortTarget::Mod,
+            SortTarget::Value => ec::SortTarget::Value,
+            _ => ec::SortTarget::Key,
+        };
+        let order = match order {
+            SortOrder::Ascend => ec::SortOrder::Ascend,
+            SortOrder::Descend => ec::SortOrder::Descend,
+        };
+        o = o.with_sort(target, order);
+    }
+    // etcd reads 0 as "no bound"; a bound of 0 or below keeps every key anyway.
+    if let Some(r) = req.min_create_revision {
+        o = o.with_min_create_revision(r.get());
+    }
+    if let Some(r) = req.max_create_revision {
+        o = o.with_max_create_revision(r.get());
+    }
+    if let Some(r) = req.min_mod_revision {
+        o = o.with_min_mod_revision(r.get());
+    }
+    if let Some(r) = req.max_mod_revision {
+        o = o.with_max_mod_revision(r.get());
     }
     (req.range.start().to_vec(), o)
 }

@@ -24,8 +24,8 @@ use bytes::Bytes;
 use coord_api::{
     Compare, CompareOp, CompareTarget, DeleteRequest, DeleteResponse, Error, Event, EventKind,
     GetRequest, GetResponse, KeyRange, KeyValue, LeaseGrant, LeaseId, LeaseTimeToLive, PutRequest,
-    PutResponse, Result, Revision, TxnOp, TxnOpResponse, TxnRequest, TxnResponse, WatchRequest,
-    WatchResponse,
+    PutResponse, Result, Revision, SortOrder, SortTarget, TxnOp, TxnOpResponse, TxnRequest,
+    TxnResponse, WatchRequest, WatchResponse,
 };
 use tokio::time::Instant;
 
@@ -231,18 +231,55 @@ impl State {
 
     fn range(&self, req: &GetRequest, header: Revision) -> GetResponse {
         let rev = req.revision.filter(|r| *r > 0);
-        let mut kvs: Vec<KeyValue> = self
+        let limit = req.limit.filter(|l| *l > 0).map(|l| l as usize);
+        let visible = self
             .versions_in(&req.range)
-            .filter_map(|(_, versions)| Self::value_at(versions, rev).cloned())
-            .collect();
-        let count = kvs.len() as u64;
-        let mut more = false;
-        if let Some(limit) = req.limit.filter(|l| *l > 0) {
-            if kvs.len() as u64 > limit {
-                kvs.truncate(limit as usize);
-                more = true;
+            .filter_map(|(_, versions)| Self::value_at(versions, rev));
+        // As etcd's range: `count` is the whole range; the revision filters and the sort apply
+        // to it before the limit; only the kept keys are copied.
+        let mut count = 0u64;
+        let mut kept: Vec<&KeyValue> = Vec::new();
+        // A bound of 0 is no bound, as etcd reads it.
+        let bound = |b: Option<Revision>| b.filter(|r| !r.is_zero());
+        let (min_create, max_create) = (
+            bound(req.min_create_revision),
+            bound(req.max_create_revision),
+        );
+        let (min_mod, max_mod) = (bound(req.min_mod_revision), bound(req.max_mod_revision));
+        let keep = |kv: &KeyValue| {
+            min_create.is_none_or(|r| kv.create_revision >= r)
+                && max_create.is_none_or(|r| kv.create_revision <= r)
+                && min_mod.is_none_or(|r| kv.mod_revision >= r)
+                && max_mod.is_none_or(|r| kv.mod_revision <= r)
+        };
+        for kv in visible {
+            count += 1;
+            if keep(kv) {
+                kept.push(kv);
             }
         }
+        if let Some((target, order)) = req.sort {
+            // Stable, on key order, as etcd's sort is on the small ranges where ties can be
+            // seen (its insertion sort, with the comparator reversed for descending): keys
+            // with the same version or value keep key order, either way.
+            let desc = order == SortOrder::Descend;
+            let by = |o: std::cmp::Ordering| if desc { o.reverse() } else { o };
+            match target {
+                SortTarget::Key if desc => kept.reverse(),
+                SortTarget::Version => kept.sort_by(|a, b| by(a.version.cmp(&b.version))),
+                SortTarget::Create => {
+                    kept.sort_by(|a, b| by(a.create_revision.cmp(&b.create_revision)))
+                }
+                SortTarget::Mod => kept.sort_by(|a, b| by(a.mod_revision.cmp(&b.mod_revision))),
+                SortTarget::Value => kept.sort_by(|a, b| by(a.value.cmp(&b.value))),
+                _ => {}
+            }
+        }
+        let more = limit.is_some_and(|l| kept.len() > l);
+        if let Some(l) = limit {
+            kept.truncate(l);
+        }
+        let kvs = kept.into_iter().cloned().collect();
         GetResponse::new(header, kvs).with_count(count, more)
     }
 

@@ -1,7 +1,10 @@
 //! Cases for get, put and delete.
 
 use super::Ctx;
-use crate::{DeleteRequest, Error, GetRequest, KvLeaseStore, KvLeaseStoreExt, LeaseId, PutRequest};
+use crate::{
+    DeleteRequest, Error, GetRequest, KvLeaseStore, KvLeaseStoreExt, LeaseId, PutRequest,
+    SortOrder, SortTarget,
+};
 
 /// A put creates the key with version 1, create = mod = the put's revision, and no lease.
 pub async fn kv_put_then_get_reports_metadata(cx: Ctx) {
@@ -113,6 +116,108 @@ pub async fn kv_get_prefix_with_limit_reports_more(cx: Ctx) {
         .unwrap();
     assert_eq!(all.kvs.len(), 4);
     assert!(!all.more);
+}
+
+/// Sorting by create revision, mod revision or key, either way, orders the whole range
+/// before the limit.
+pub async fn kv_get_sorts_by_revision_or_key_before_the_limit(cx: Ctx) {
+    let s = cx.store();
+    // Created in the order c, a, b; then a modified last.
+    let c = s.put_value(cx.key("s/c"), "3").await.unwrap();
+    let a = s.put_value(cx.key("s/a"), "1").await.unwrap();
+    let b = s.put_value(cx.key("s/b"), "2").await.unwrap();
+    let a2 = s.put_value(cx.key("s/a"), "1'").await.unwrap();
+    let keys = |r: &crate::GetResponse| -> Vec<String> {
+        r.kvs
+            .iter()
+            .map(|kv| kv.key_str().rsplit('/').next().unwrap().to_owned())
+            .collect()
+    };
+    let get = |target, order| GetRequest::prefix(cx.key("s/")).with_sort(target, order);
+    let by_create = s
+        .get(get(SortTarget::Create, SortOrder::Descend))
+        .await
+        .unwrap();
+    assert_eq!(keys(&by_create), ["b", "a", "c"], "newest created first");
+    let by_mod = s
+        .get(get(SortTarget::Mod, SortOrder::Ascend))
+        .await
+        .unwrap();
+    assert_eq!(
+        keys(&by_mod),
+        ["c", "b", "a"],
+        "least recently modified first"
+    );
+    let by_key = s
+        .get(get(SortTarget::Key, SortOrder::Descend))
+        .await
+        .unwrap();
+    assert_eq!(keys(&by_key), ["c", "b", "a"]);
+    let first = s
+        .get(get(SortTarget::Create, SortOrder::Ascend).with_limit(1))
+        .await
+        .unwrap();
+    assert_eq!(keys(&first), ["c"], "the limit applies after the sort");
+    assert_eq!((first.count, first.more), (3, true));
+    assert_eq!(first.kvs[0].create_revision, c);
+    assert!(c < a && a < b && b < a2);
+}
+
+/// The revision filters keep the keys created or modified within bounds, before the limit;
+/// `count` still counts the whole range, and `more` the filtered keys the limit cut off.
+pub async fn kv_get_filters_by_create_and_mod_revision(cx: Ctx) {
+    let s = cx.store();
+    let r1 = s.put_value(cx.key("f/1"), "v").await.unwrap();
+    let r2 = s.put_value(cx.key("f/2"), "v").await.unwrap();
+    let r3 = s.put_value(cx.key("f/3"), "v").await.unwrap();
+    let r4 = s.put_value(cx.key("f/1"), "w").await.unwrap();
+    let names = |r: &crate::GetResponse| -> Vec<String> {
+        r.kvs
+            .iter()
+            .map(|kv| kv.key_str().rsplit('/').next().unwrap().to_owned())
+            .collect()
+    };
+    let range = || GetRequest::prefix(cx.key("f/"));
+    let created_before_3 = s.get(range().with_max_create_revision(r2)).await.unwrap();
+    assert_eq!(names(&created_before_3), ["1", "2"]);
+    assert_eq!(
+        created_before_3.count, 3,
+        "count is the whole range, unfiltered"
+    );
+    let created_from_2 = s.get(range().with_min_create_revision(r2)).await.unwrap();
+    assert_eq!(names(&created_from_2), ["2", "3"]);
+    let modified_last = s.get(range().with_min_mod_revision(r4)).await.unwrap();
+    assert_eq!(names(&modified_last), ["1"]);
+    let untouched = s
+        .get(range().with_min_mod_revision(r2).with_max_mod_revision(r3))
+        .await
+        .unwrap();
+    assert_eq!(names(&untouched), ["2", "3"]);
+    let limited = s
+        .get(range().with_max_create_revision(r2).with_limit(1))
+        .await
+        .unwrap();
+    assert_eq!(names(&limited), ["1"]);
+    assert!(limited.more, "a second filtered key was cut off");
+    let exact = s
+        .get(range().with_max_create_revision(r1).with_limit(1))
+        .await
+        .unwrap();
+    assert!(
+        !exact.more,
+        "one key passes the filter, and the limit is one"
+    );
+    // The query a campaign makes: the newest candidate created before revision r3.
+    let ahead = s
+        .get(
+            range()
+                .with_max_create_revision(r3.prev())
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(1),
+        )
+        .await
+        .unwrap();
+    assert_eq!(names(&ahead), ["2"]);
 }
 
 /// A read at a past revision sees the value as it was then, with its metadata then.

@@ -28,6 +28,8 @@ macro_rules! __coord_cases {
             kv::kv_get_prefix_returns_keys_in_order,
             kv::kv_keys_are_ordered_as_bytes,
             kv::kv_get_prefix_with_limit_reports_more,
+            kv::kv_get_sorts_by_revision_or_key_before_the_limit,
+            kv::kv_get_filters_by_create_and_mod_revision,
             kv::kv_get_at_past_revision_sees_old_value,
             kv::kv_get_at_revision_outside_lifetime_is_empty,
             kv::kv_get_at_future_revision_fails,

@@ -4,8 +4,8 @@
 use bytes::Bytes;
 use coord_api::{
     Compare, CompareOp, CompareTarget, DeleteRequest, DeleteResponse, Error, Event, EventKind,
-    GetRequest, GetResponse, KeyRange, KeyValue, LeaseId, PutRequest, PutResponse, Revision, TxnOp,
-    TxnOpResponse, TxnRequest, TxnResponse,
+    GetRequest, GetResponse, KeyRange, KeyValue, LeaseId, PutRequest, PutResponse, Revision,
+    SortOrder, SortTarget, TxnOp, TxnOpResponse, TxnRequest, TxnResponse,
 };
 use etcd_client::proto::{
     PbCompare, PbDeleteRequest, PbDeleteResponse, PbEvent, PbKeyValue, PbPutRequest, PbPutResponse,
@@ -44,17 +44,57 @@ fn positive(v: i64) -> Option<i64> {
 }
 
 pub(crate) fn get(r: PbRangeRequest) -> Result<GetRequest, Status> {
-    if r.sort_order != 0 || r.sort_target != 0 || r.keys_only || r.count_only {
+    if r.keys_only || r.count_only {
         return Err(Status::unimplemented(
-            "coord-sim does not serve sorted, keys-only or count-only ranges",
+            "coord-sim does not serve keys-only or count-only ranges",
         ));
     }
+    let target = match r.sort_target {
+        0 => SortTarget::Key,
+        1 => SortTarget::Version,
+        2 => SortTarget::Create,
+        3 => SortTarget::Mod,
+        4 => SortTarget::Value,
+        other => {
+            return Err(Status::invalid_argument(format!(
+                "unknown sort target {other}"
+            )))
+        }
+    };
+    // As etcd: a target other than the key with no order sorts ascending.
+    let order = match (r.sort_order, target) {
+        (0, SortTarget::Key) => None,
+        (0 | 1, _) => Some(SortOrder::Ascend),
+        (2, _) => Some(SortOrder::Descend),
+        (other, _) => {
+            return Err(Status::invalid_argument(format!(
+                "unknown sort order {other}"
+            )))
+        }
+    };
     let mut get = GetRequest::range(range(r.key, r.range_end)?);
     if let Some(revision) = positive(r.revision) {
         get = get.with_revision(revision);
     }
     if let Some(limit) = positive(r.limit) {
         get = get.with_limit(limit as u64);
+    }
+    if let Some(order) = order {
+        get = get.with_sort(target, order);
+    }
+    // 0 is no bound; any other value (negative ones too) is one, as etcd reads them.
+    let bound = |v: i64| (v != 0).then_some(Revision(v));
+    if let Some(r) = bound(r.min_create_revision) {
+        get = get.with_min_create_revision(r);
+    }
+    if let Some(r) = bound(r.max_create_revision) {
+        get = get.with_max_create_revision(r);
+    }
+    if let Some(r) = bound(r.min_mod_revision) {
+        get = get.with_min_mod_revision(r);
+    }
+    if let Some(r) = bound(r.max_mod_revision) {
+        get = get.with_max_mod_revision(r);
     }
     Ok(get)
 }
