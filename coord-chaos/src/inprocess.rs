@@ -271,6 +271,10 @@ impl World for InProcess {
         // reaches the store; then everything it ran is dropped.
         slot.crashed = true;
         slot.apply_link();
+        self.rec.mute(Incarnation {
+            node: n,
+            inc: slot.inc,
+        });
         if let Some(task) = slot.task.take() {
             task.abort();
         }

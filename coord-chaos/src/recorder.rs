@@ -1,11 +1,12 @@
 //! Appends to a run's history, stamping each record with the simulated time.
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::history::{Happening, History, Record};
+use crate::history::{Happening, History, Incarnation, Record};
 
 /// Where simulated time comes from.
 #[derive(Debug, Clone, Copy)]
@@ -23,6 +24,10 @@ enum Clock {
 pub struct Recorder {
     clock: Clock,
     history: Arc<Mutex<History>>,
+    /// Incarnations that crashed: a crashed process does nothing more, and what its dropped
+    /// tasks would say is not recorded. (It also could not be replayed: a crashed turmoil
+    /// host drops its tasks in an order drawn from tokio's process-wide task ids.)
+    crashed: Arc<Mutex<BTreeSet<Incarnation>>>,
 }
 
 impl Recorder {
@@ -31,15 +36,21 @@ impl Recorder {
         Recorder {
             clock: Clock::Tokio(start),
             history: Arc::default(),
+            crashed: Arc::default(),
         }
     }
 
     /// Stamps records with turmoil's simulated time.
     #[cfg(feature = "turmoil")]
-    pub(crate) fn turmoil() -> Self {
+    pub(crate) fn turmoil(tick: Duration) -> Self {
+        let history = History {
+            resolution: tick,
+            ..History::default()
+        };
         Recorder {
             clock: Clock::Turmoil,
-            history: Arc::default(),
+            history: Arc::new(Mutex::new(history)),
+            crashed: Arc::default(),
         }
     }
 
@@ -58,6 +69,29 @@ impl Recorder {
         self.push(at, what);
     }
 
+    /// Records `what` on behalf of incarnation `who`, unless `who` has crashed.
+    pub(crate) fn record_by(&self, who: Incarnation, what: Happening) {
+        if !self.has_crashed(who) {
+            self.record(what);
+        }
+    }
+
+    /// Marks `who` crashed: from now on, nothing it says is recorded. Call it before the
+    /// process's tasks are dropped.
+    pub(crate) fn mute(&self, who: Incarnation) {
+        self.crashed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(who);
+    }
+
+    fn has_crashed(&self, who: Incarnation) -> bool {
+        self.crashed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&who)
+    }
+
     /// Records `what` at `at` from the start of the run (for a driver outside the runtime).
     #[cfg(feature = "turmoil")]
     pub(crate) fn record_elapsed(&self, at: Duration, what: Happening) {
@@ -74,6 +108,10 @@ impl Recorder {
 
     /// The history so far.
     pub(crate) fn take(&self) -> History {
-        std::mem::take(&mut *self.history.lock().unwrap_or_else(|p| p.into_inner()))
+        let mut h = self.history.lock().unwrap_or_else(|p| p.into_inner());
+        History {
+            records: std::mem::take(&mut h.records),
+            resolution: h.resolution,
+        }
     }
 }

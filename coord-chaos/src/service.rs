@@ -82,7 +82,11 @@ pub(crate) async fn run_node(service: Arc<dyn Service>, node: Node) {
     use futures::FutureExt;
     let who = node.who();
     let recorder = node.inner.recorder.clone();
-    let run = std::panic::AssertUnwindSafe(service.run(node)).catch_unwind();
+    // Every log line of the node (the recipes' tasks follow their caller's span) names it.
+    let span = tracing::info_span!("node", who = %who);
+    let run =
+        std::panic::AssertUnwindSafe(tracing::Instrument::instrument(service.run(node), span))
+            .catch_unwind();
     if let Err(panic) = run.await {
         let what = panic
             .downcast_ref::<&str>()
@@ -161,7 +165,7 @@ impl Node {
 
     /// Records something on the run's history, now.
     pub fn record(&self, what: Happening) {
-        self.inner.recorder.record(what);
+        self.inner.recorder.record_by(self.inner.who, what);
     }
 
     /// Records a note of the service's own (`kind`, `detail`), for its invariants.

@@ -80,12 +80,7 @@ pub fn simulate_service_turmoil(
     let scenario = Arc::new(scenario.clone());
     let mut sim = turmoil::Builder::new()
         .rng_seed(seed)
-        .tick_duration(
-            std::env::var("TICK_MS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .map_or(Duration::from_millis(1), Duration::from_millis),
-        )
+        .tick_duration(scenario.turmoil_tick)
         .simulation_duration(scenario.duration + Duration::from_secs(60))
         .min_message_latency(scenario.latency)
         .max_message_latency(scenario.latency)
@@ -96,7 +91,7 @@ pub fn simulate_service_turmoil(
     if scenario.explore {
         coord_api::sync::explore::enable(seed);
     }
-    let rec = Recorder::turmoil();
+    let rec = Recorder::turmoil(scenario.turmoil_tick);
     let durable: Arc<Mutex<Option<SimStore>>> = Arc::default();
     let clients = Clients::default();
     let agent = Agent::default();
@@ -432,9 +427,13 @@ impl World for Turmoil<'_, '_> {
     }
 
     fn crash(&mut self, node: usize) {
-        let inc = self.incs[node].load(Ordering::SeqCst).saturating_sub(1);
+        let who = Incarnation {
+            node,
+            inc: self.incs[node].load(Ordering::SeqCst).saturating_sub(1),
+        };
+        self.rec.mute(who);
         self.sim.crash(Self::host(node).as_str());
-        self.record(Happening::Crashed(Incarnation { node, inc }));
+        self.record(Happening::Crashed(who));
     }
 
     fn recover(&mut self, node: usize) {

@@ -44,15 +44,19 @@ fn the_defaults_hold_every_invariant_over_turmoil() {
 }
 
 /// S9 under turmoil too: tonic, h2 and etcd-client included, a seed replays exactly (in a
-/// build that seeds tokio's own random choices, as this repository's does).
+/// build that seeds tokio's own random choices, as this repository's does). Seed 2 crashes a
+/// node while it works for two elections: a crashed host's tasks are dropped in an order
+/// drawn from tokio's process-wide task ids, which differ between two runs in one process,
+/// and once made its history differ.
 #[test]
 fn a_turmoil_seed_replays_exactly() {
     let scenario = Scenario::default();
-    let seed = 77;
-    let faults = schedule(&scenario, &mut Rng::new(seed));
-    let first = simulate_turmoil(&scenario, seed, &faults);
-    let second = simulate_turmoil(&scenario, seed, &faults);
-    assert!(first.records.len() > 1000, "a run records its history");
-    assert_eq!(first.digest(), second.digest());
-    assert_eq!(first, second);
+    for seed in [2, 77] {
+        let faults = schedule(&scenario, &mut Rng::new(seed));
+        let first = simulate_turmoil(&scenario, seed, &faults);
+        let second = simulate_turmoil(&scenario, seed, &faults);
+        assert!(first.records.len() > 1000, "a run records its history");
+        assert_eq!(first.digest(), second.digest(), "seed {seed}");
+        assert_eq!(first, second, "seed {seed}");
+    }
 }
