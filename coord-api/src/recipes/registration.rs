@@ -35,7 +35,9 @@ use super::retry::{self, Backoff};
 use super::session::{SessionConfig, SessionEnd, SessionHandle};
 use super::task::Task;
 use crate::error::{Error, Result};
-use crate::request::{Compare, CompareOp, DeleteRequest, PutRequest, TxnOp, TxnRequest};
+use crate::request::{
+    Compare, CompareOp, DeleteRequest, GetRequest, PutRequest, TxnOp, TxnOpResponse, TxnRequest,
+};
 use crate::store::DynKvLeaseStore;
 use crate::sync::watch;
 use crate::types::{LeaseId, Revision};
@@ -121,7 +123,8 @@ pub enum RegistrationStatus {
         /// The live lease.
         lease: LeaseId,
     },
-    /// The lease was lost; re-granting (this many attempts so far).
+    /// The lease was lost (re-granting), or the key was deleted under the live lease
+    /// (putting it back): the key is not known to be present. Counts the attempts so far.
     Healing {
         /// Attempts made since the loss.
         attempt: u32,
@@ -164,9 +167,16 @@ struct Shared {
     /// The session of that lease, for health.
     session: Mutex<Option<SessionHandle>>,
     status: watch::Sender<RegistrationStatus>,
-    /// Writes of the key (heal, re-put, update) go one at a time, so an update never loses
-    /// to a heal writing the old metadata.
-    writes: tokio::sync::Mutex<Bytes>,
+    /// The latest metadata: what a heal (or put-back) writes. See [`Shared::put`] for why a
+    /// heal never waits for an update (whose put may be waiting out a lost reply) and never
+    /// writes over a newer value.
+    metadata: Mutex<Bytes>,
+    /// Updates go one at a time, so two never land in the wrong order.
+    updates: tokio::sync::Mutex<()>,
+    /// Held (shared) by each heal write while it is in flight, even after its caller gave up
+    /// on it (a request already sent may still land): an update waits for those that may
+    /// carry an older value before it returns, while a heal waits for no update.
+    heal_writes: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl Shared {
@@ -174,20 +184,69 @@ impl Shared {
         self.host.store()
     }
 
-    /// Writes the key under `lease`; returns its create and mod revisions.
+    /// Writes the key under `lease` with the latest metadata, unless it already stands
+    /// under `lease`; returns its create and mod revisions.
+    ///
+    /// Only an update can have written it there (a heal writes under a new lease, a put-back
+    /// after a delete finds the key gone), and an update writes the latest value: so the key
+    /// is left as it is rather than overwritten with what may by then be older. A heal never
+    /// waits for an update to finish, then (its put may be waiting out a lost reply), and
+    /// never writes over a newer value; an update waits for the heal writes in flight.
     async fn put(&self, lease: LeaseId) -> Result<(Revision, Revision)> {
-        let latest = self.writes.lock().await;
+        let in_flight = self.heal_writes.clone().read_owned().await;
         let metadata = if crate::planted::enabled(crate::planted::Bug::HealWritesFirstMetadata) {
-            &self.config.metadata
+            self.config.metadata.clone()
         } else {
-            &*latest
+            self.latest()
         };
-        let req = PutRequest::new(self.config.key.clone(), metadata.to_vec())
+        let key = self.config.key.clone();
+        let put = PutRequest::new(key.clone(), metadata.to_vec())
             .with_lease(lease)
             .with_prev_kv();
-        let r = self.store().put(req).await?;
-        let created = r.prev_kv.map_or(r.revision, |kv| kv.create_revision);
-        Ok((created, r.revision))
+        let txn = TxnRequest::new()
+            .when([Compare::lease(key.clone(), CompareOp::NotEqual, lease)])
+            .and_then([TxnOp::Put(put)])
+            .or_else([TxnOp::Get(GetRequest::key(key))]);
+        // The write runs on as a task of its own, holding its place among the heal writes
+        // until it resolves, if the heal stops waiting for it (its session ended meanwhile).
+        let store = self.store().clone();
+        let write = tokio::spawn(
+            async move {
+                let _in_flight = in_flight;
+                store.txn(txn).await
+            }
+            .in_current_span(),
+        );
+        let r = write.await.map_err(|e| Error::Rejected {
+            backend: "coord",
+            operation: "registration put",
+            source: e.to_string().into(),
+        })??;
+        let revisions = match r.responses.first() {
+            Some(TxnOpResponse::Put(p)) => {
+                Some(p.prev_kv.as_ref().map_or((r.revision, r.revision), |kv| {
+                    (kv.create_revision, r.revision)
+                }))
+            }
+            Some(TxnOpResponse::Get(g)) => g
+                .kvs
+                .first()
+                .map(|kv| (kv.create_revision, kv.mod_revision)),
+            _ => None,
+        };
+        // The compare failed only if the key stands under the lease, so the read found it.
+        revisions.ok_or_else(|| Error::Rejected {
+            backend: "coord",
+            operation: "registration put",
+            source: format!("the store answered {r:?}").into(),
+        })
+    }
+
+    fn latest(&self) -> Bytes {
+        self.metadata
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn set_session(&self, session: Option<SessionHandle>) {
@@ -327,7 +386,9 @@ impl HostRegistration {
             lease: AtomicI64::new(0),
             session: Mutex::new(None),
             status: watch::Sender::new(RegistrationStatus::Registering),
-            writes: tokio::sync::Mutex::new(config.metadata.clone()),
+            metadata: Mutex::new(config.metadata.clone()),
+            updates: tokio::sync::Mutex::new(()),
+            heal_writes: Arc::new(tokio::sync::RwLock::new(())),
             config,
         }))
     }
@@ -403,14 +464,22 @@ impl HostRegistration {
     /// # Errors
     /// Whatever the put fails with, except a lost lease (the heal then writes the new value).
     pub async fn update_metadata(&self, metadata: impl Into<Bytes>) -> Result<()> {
-        let mut current = self.shared.writes.lock().await;
-        *current = metadata.into();
+        let _one_at_a_time = self.shared.updates.lock().await;
+        let metadata = metadata.into();
+        *self
+            .shared
+            .metadata
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = metadata.clone();
+        // Heal writes sent before the line above may carry the old value; once they have
+        // landed (or failed), every later one carries this one.
+        drop(self.shared.heal_writes.write().await);
         let lease = self.lease_id();
         if lease.is_none() {
             return Ok(());
         }
         let req =
-            PutRequest::new(self.shared.config.key.clone(), current.to_vec()).with_lease(lease);
+            PutRequest::new(self.shared.config.key.clone(), metadata.to_vec()).with_lease(lease);
         match self.shared.store().put(req).await {
             Ok(_) | Err(Error::LeaseNotFound { .. }) => Ok(()),
             Err(e) => Err(e),
@@ -503,9 +572,13 @@ async fn register(shared: &Shared) -> Result<Held> {
     match shared.put(session.lease()).await {
         Ok(revisions) => {
             shared.set_session(Some(session.clone()));
-            shared.status.send_replace(RegistrationStatus::Registered {
-                lease: session.lease(),
-            });
+            // A reply that came after the session's deadline (a held link, a slow store)
+            // registered nothing to rely on: the hold that follows ends at once and heals.
+            if !session.is_done() {
+                shared.status.send_replace(RegistrationStatus::Registered {
+                    lease: session.lease(),
+                });
+            }
             // The key is under the live lease: older leases of the host hold nothing of ours.
             shared.host.moved(shared.id, session.lease());
             crate::sync::explore::point().await;
@@ -549,6 +622,11 @@ async fn run(shared: Arc<Shared>, first: Option<Held>, cancel: CancellationToken
             end = hold(&shared, &session, revisions) => end,
         };
         tracing::warn!(lease_id = %session.lease(), reason = %end, "registration lost; healing");
+        // Said at once: evicting the lease below may wait behind a grant another recipe of
+        // the host has in flight.
+        shared
+            .status
+            .send_replace(RegistrationStatus::Healing { attempt: 0 });
         shared.lease.store(0, Ordering::SeqCst);
         shared.set_session(None);
         if end == SessionEnd::LeaseLost {
@@ -638,9 +716,17 @@ async fn hold(
             if session.is_done() {
                 continue;
             }
+            // The key is gone: whoever reads the status must not take it for present while
+            // it is put back (the put may wait out a lost reply).
+            shared
+                .status
+                .send_replace(RegistrationStatus::Healing { attempt: 0 });
             if let Some(end) = put_back(shared, session).await {
                 return end;
             }
+            shared.status.send_replace(RegistrationStatus::Registered {
+                lease: session.lease(),
+            });
         }
     }
 }

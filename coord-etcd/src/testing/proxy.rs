@@ -128,39 +128,71 @@ async fn relay(a: TcpStream, b: TcpStream, modes: watch::Receiver<State>) {
     }
 }
 
+/// How a direction's reader ended.
+enum Ended {
+    /// The sender closed its side: what is queued is still delivered.
+    Eof,
+    /// A reset, an error, or a new generation: the connection dies at once.
+    Cut,
+}
+
+/// Forwards one direction. A delay is latency, not throughput: each chunk is delivered its
+/// delay after it was read, in order, while later chunks are read meanwhile (a slow link,
+/// not a queue that grows with every chunk).
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut modes: watch::Receiver<State>,
 ) {
     let born = modes.borrow().generation;
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let n = tokio::select! {
-            read = from.read(&mut buf) => match read {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            },
-            changed = modes.changed() => {
-                if changed.is_err() || modes.borrow().generation != born {
-                    return;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let reader = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = tokio::select! {
+                read = from.read(&mut buf) => match read {
+                    Ok(0) => return Ended::Eof,
+                    Err(_) => return Ended::Cut,
+                    Ok(n) => n,
+                },
+                changed = modes.changed() => {
+                    if changed.is_err() || modes.borrow().generation != born {
+                        return Ended::Cut;
+                    }
+                    continue;
                 }
-                continue;
+            };
+            let state = *modes.borrow();
+            if state.generation != born {
+                return Ended::Cut;
             }
-        };
-        let state = *modes.borrow();
-        if state.generation != born {
-            return;
+            let due = match state.mode {
+                ProxyMode::Pass => tokio::time::Instant::now(),
+                ProxyMode::Blackhole => continue,
+                ProxyMode::Reset => return Ended::Cut,
+                ProxyMode::Delay(d) => tokio::time::Instant::now() + d,
+            };
+            if tx.send((due, buf[..n].to_vec())).is_err() {
+                return Ended::Cut;
+            }
         }
-        let mode = state.mode;
-        match mode {
-            ProxyMode::Pass => {}
-            ProxyMode::Blackhole => continue,
-            ProxyMode::Reset => return,
-            ProxyMode::Delay(d) => tokio::time::sleep(d).await,
+    };
+    let writer = async move {
+        // In order: a chunk read in Pass after one read in Delay waits for it.
+        while let Some((due, bytes)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            if to.write_all(&bytes).await.is_err() {
+                return;
+            }
         }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
+    };
+    tokio::pin!(writer);
+    tokio::select! {
+        ended = reader => {
+            if let Ended::Eof = ended {
+                writer.await;
+            }
         }
+        _ = &mut writer => {}
     }
 }

@@ -196,3 +196,46 @@ pub async fn registration_puts_back_a_key_deleted_under_its_live_lease(fx: &dyn 
         r.lease_id()
     );
 }
+
+/// While a registration puts back a key deleted under its live lease, it is not
+/// `Registered` (a readiness probe must not read "registered" while the key is gone), and it
+/// is again, on the same lease, once the key is back. The client's traffic is delayed TTL/10
+/// each way, so the put-back takes at least a round trip of that; renewals, answered within
+/// TTL/3, still land in time (a round trip of TTL/5, with TTL/7 to spare).
+pub async fn registration_is_not_registered_while_its_key_is_put_back(fx: &dyn Fixture) {
+    let client = fx.client().await;
+    let store = fx.store();
+    let r = HostRegistration::start(client.store.clone(), reg(fx, "hosts/a", "m"))
+        .await
+        .unwrap();
+    let lease = r.lease_id();
+    let mut status = r.subscribe();
+    let delay = fx.ttl() / 10;
+    client.delay_requests(delay);
+    store.delete_key("hosts/a").await.unwrap();
+    // The registration's watch of its key may still be on its way (delayed too), and then
+    // re-reads the key when it opens.
+    within(
+        prompt(fx) + delay * 3,
+        "the registration to say it is healing",
+        status.wait_for(|s| matches!(s, RegistrationStatus::Healing { .. })),
+    )
+    .await
+    .unwrap();
+    within(
+        fx.ttl(),
+        "the registration to be back on its lease",
+        status.wait_for(|s| *s == RegistrationStatus::Registered { lease }),
+    )
+    .await
+    .unwrap();
+    client.delay_requests(Duration::ZERO);
+    // Registered is said only once the key is back.
+    let kv = store
+        .get_key("hosts/a")
+        .await
+        .unwrap()
+        .expect("the key is back");
+    assert_eq!(kv.lease, lease);
+    r.stop().await.unwrap();
+}
