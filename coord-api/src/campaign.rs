@@ -206,6 +206,12 @@ async fn wait_for_turn<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) 
         };
         let from = snapshot.revision + 1;
         let theirs_created = predecessor.create_revision;
+        tracing::debug!(
+            election = %leader.name,
+            predecessor = %String::from_utf8_lossy(&predecessor.key),
+            revision = %snapshot.revision,
+            "waiting for the key ahead to go"
+        );
         let mut theirs = Follow::new(
             shared.clone(),
             predecessor.key.clone(),

@@ -77,7 +77,10 @@ impl Follow {
                         self.stream = Some(s);
                         // A watch from the past is caught up only on the store's next sync
                         // (etcd: 100 ms), so what happened before it opened is read now; the
-                        // stream's replay of it is skipped below.
+                        // stream's replay of it is skipped below. The read also covers etcd
+                        // 3.4's loss of the deletes at the compaction revision from a watch
+                        // that starts there (etcd#19179): such a delete came before the watch
+                        // opened, so the read sees the key gone.
                         self.reread().await;
                     }
                     // Gone from history: only a re-read can say where the key stands.

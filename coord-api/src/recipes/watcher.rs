@@ -2,15 +2,15 @@
 //!
 //! The promise: the events, applied in order to an empty set, give exactly the view; every
 //! net change reaches the consumer, none twice. It lists the prefix, emits `HostUp` for each
-//! host, then watches from the listing's revision + 1 (never from 0, which means "now" to
-//! etcd and loses the gap).
+//! host, then watches from the listing's revision (never from 0, which means "now" to etcd
+//! and loses the gap), dropping what the listing already holds.
 //!
 //! When the stream breaks (a lost connection, a leader change), it resumes the watch from the
-//! last revision it has seen, not the one after it, and drops what it has already seen: a
-//! resume costs one watch request, not a listing of every host. Starting one revision early
-//! is deliberate: etcd 3.4 loses the deletes at the compaction revision from a watch that
-//! starts exactly there (etcd#19179); from one revision earlier, such a compaction is
-//! reported as `Compacted` instead. When the watch is compacted, or silent past
+//! last revision it has seen, and drops what it has already seen: a resume costs one watch
+//! request, not a listing of every host. Starting at the last revision seen rather than the
+//! one after it is deliberate: etcd 3.4 loses the deletes at the compaction revision from a
+//! watch that starts exactly there (etcd#19179); from one revision earlier, such a
+//! compaction is reported as `Compacted` instead. When the watch is compacted, or silent past
 //! [`ClusterWatcherConfig::silence`] (a stuck member), it lists again and emits the
 //! difference between its last view and the new listing: hosts that flapped inside the gap
 //! collapse, but no net change is lost. go-coord's watcher, and etcd's own endpoint
@@ -23,6 +23,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
+use imbl::ordmap::{DiffItem, OrdMap};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -103,13 +104,84 @@ pub enum ClusterEvent {
     },
 }
 
-/// The membership as the watcher knows it.
+/// The membership as the watcher knows it: the hosts and their metadata, current at a
+/// revision.
+///
+/// A view is a snapshot: it never changes once published. Views share their structure, so
+/// taking one is cheap whatever the cluster's size, and [`changes_since`](Self::changes_since)
+/// finds what changed between two views of one watcher without walking what did not.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ClusterView {
+    revision: Revision,
+    hosts: OrdMap<String, Bytes>,
+}
+
+/// A host that differs between two views: see [`ClusterView::changes_since`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostChange<'a> {
+    /// The host.
+    pub host: &'a str,
+    /// Its metadata in the later view; `None` when it is gone from it.
+    pub metadata: Option<&'a Bytes>,
+}
+
+impl ClusterView {
     /// The revision the view is current at.
-    pub revision: Revision,
-    /// Host name to metadata.
-    pub hosts: BTreeMap<String, Bytes>,
+    pub fn revision(&self) -> Revision {
+        self.revision
+    }
+
+    /// The metadata of `host`, if it is up.
+    pub fn get(&self, host: &str) -> Option<&Bytes> {
+        self.hosts.get(host)
+    }
+
+    /// Whether `host` is up.
+    pub fn contains(&self, host: &str) -> bool {
+        self.hosts.contains_key(host)
+    }
+
+    /// How many hosts are up.
+    pub fn len(&self) -> usize {
+        self.hosts.len()
+    }
+
+    /// Whether no host is up.
+    pub fn is_empty(&self) -> bool {
+        self.hosts.is_empty()
+    }
+
+    /// The hosts and their metadata, in host order.
+    pub fn hosts(&self) -> impl Iterator<Item = (&str, &Bytes)> + '_ {
+        self.hosts.iter().map(|(h, m)| (h.as_str(), m))
+    }
+
+    /// The hosts and their metadata, as a map of their own.
+    pub fn to_map(&self) -> BTreeMap<String, Bytes> {
+        self.hosts
+            .iter()
+            .map(|(h, m)| (h.clone(), m.clone()))
+            .collect()
+    }
+
+    /// The hosts that differ from `earlier`: up in this view and not in `earlier`, gone from
+    /// it, or with other metadata. In host order. Cheap between views of one watcher (they
+    /// share what did not change); any two views work.
+    pub fn changes_since<'a>(
+        &'a self,
+        earlier: &'a ClusterView,
+    ) -> impl Iterator<Item = HostChange<'a>> + 'a {
+        earlier.hosts.diff(&self.hosts).map(|d| match d {
+            DiffItem::Add(h, m) | DiffItem::Update { new: (h, m), .. } => HostChange {
+                host: h.as_str(),
+                metadata: Some(m),
+            },
+            DiffItem::Remove(h, _) => HostChange {
+                host: h.as_str(),
+                metadata: None,
+            },
+        })
+    }
 }
 
 /// Watches the hosts under a prefix. See the module docs.
@@ -234,7 +306,7 @@ struct Worker {
 const MAX_COALESCED: usize = 256;
 
 /// A listing: revision and hosts.
-type Listing = (Revision, BTreeMap<String, Bytes>);
+type Listing = (Revision, OrdMap<String, Bytes>);
 
 /// Why a watch stopped being followed.
 enum Broken {
@@ -331,9 +403,9 @@ impl Worker {
                 _ = self.emit(e) => {}
             }
         }
-        // The first watch starts after the listing; later ones resume at the last revision
-        // seen (see the module docs).
-        let mut from = self.view.revision.next();
+        // Every watch starts at the last revision seen, the listing's or an event's, never
+        // the one after it (see the module docs).
+        let mut from = self.view.revision.max(Revision(1));
         loop {
             let outcome = tokio::select! {
                 biased;
@@ -374,7 +446,7 @@ impl Worker {
                 match listed {
                     Ok(l) if l.0 >= self.view.revision => {
                         self.apply_listing(l).await;
-                        from = self.view.revision.next();
+                        from = self.view.revision.max(Revision(1));
                         self.backoff.reset();
                         tracing::info!(
                             revision = %self.view.revision,
