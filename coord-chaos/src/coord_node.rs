@@ -19,6 +19,7 @@ use futures::future::BoxFuture;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::check::{self, FencedWrites, Invariant};
 use crate::history::{Emitted, Happening, Outcome, Part};
@@ -64,7 +65,7 @@ async fn run(node: Node) {
     let host = HostSession::new(node.store().clone(), config);
     let mut registration = Registration::start(&node, &host, 0);
     let watcher = (node.who().node < node.scenario().watchers)
-        .then(|| tokio::spawn(follow_watcher(node.clone())));
+        .then(|| tokio::spawn(follow_watcher(node.clone()).in_current_span()));
     let mut pool = Some(Pool::start(&node, &host, &mut rng));
     let mut next_metadata = Instant::now() + metadata_period(&mut rng, node.scenario());
     let mut generation = 0;
@@ -169,7 +170,8 @@ impl Registration {
                 .with_backoff(s.initial_backoff, s.max_backoff)
                 .with_backoff_seed(node.seed());
         let reg = Arc::new(HostRegistration::spawn_on(host, config).expect("a valid key"));
-        let follower = tokio::spawn(follow_registration(node.clone(), reg.clone()));
+        let follower =
+            tokio::spawn(follow_registration(node.clone(), reg.clone()).in_current_span());
         Registration::Running(reg, follower)
     }
 
@@ -266,10 +268,13 @@ async fn start_watcher(node: &Node) -> Option<ClusterWatcher> {
     }
 }
 
-fn hosts_of(view: &ClusterView) -> Vec<(String, String)> {
-    view.hosts
-        .iter()
-        .map(|(h, m)| (h.clone(), String::from_utf8_lossy(m).into_owned()))
+/// The hosts of `view` that differ from `earlier`, for the history.
+fn changes(view: &ClusterView, earlier: &ClusterView) -> Vec<(String, Option<String>)> {
+    view.changes_since(earlier)
+        .map(|c| {
+            let md = c.metadata.map(|m| String::from_utf8_lossy(m).into_owned());
+            (c.host.to_owned(), md)
+        })
         .collect()
 }
 
@@ -280,17 +285,19 @@ async fn follow_watcher(node: Node) {
         return;
     };
     let mut views = watcher.subscribe_view();
-    let mut last_revision = None;
+    let mut recorded: Option<Arc<ClusterView>> = None;
     loop {
         // Record the view first: the watcher publishes a view before the event it explains.
         let view = views.get_and_update();
-        if last_revision != Some(view.revision) {
+        if recorded.as_ref().map(|v| v.revision()) != Some(view.revision()) {
+            let empty = ClusterView::default();
+            let earlier = recorded.as_deref().unwrap_or(&empty);
             node.record(Happening::View {
                 who: node.who(),
-                revision: view.revision,
-                hosts: hosts_of(&view),
+                revision: view.revision(),
+                changes: changes(&view, earlier),
             });
-            last_revision = Some(view.revision);
+            recorded = Some(view.clone());
         }
         tokio::select! {
             biased;
@@ -327,18 +334,16 @@ fn view_disagrees(event: &ClusterEvent, view: &ClusterView) -> Option<String> {
             host,
             metadata,
             revision,
-        } => (*revision, view.hosts.get(host) == Some(metadata)),
-        ClusterEvent::HostDown { host, revision, .. } => {
-            (*revision, !view.hosts.contains_key(host))
-        }
+        } => (*revision, view.get(host) == Some(metadata)),
+        ClusterEvent::HostDown { host, revision, .. } => (*revision, !view.contains(host)),
         ClusterEvent::Resynced { revision } => (*revision, true),
     };
-    let wrong = view.revision < revision || (view.revision == revision && !holds);
+    let wrong = view.revision() < revision || (view.revision() == revision && !holds);
     wrong.then(|| {
         format!(
             "the watcher emitted {event:?} while its view was at revision {} ({} hosts)",
-            view.revision,
-            view.hosts.len()
+            view.revision(),
+            view.len()
         )
     })
 }
@@ -379,14 +384,17 @@ impl Pool {
         for e in 0..node.scenario().elections {
             let signal = Arc::new(watch::Sender::new(None));
             resign.push(signal.clone());
-            loops.spawn(candidacy(
-                node.clone(),
-                pool.clone(),
-                e,
-                rng.fork(),
-                stop.clone(),
-                signal,
-            ));
+            loops.spawn(
+                candidacy(
+                    node.clone(),
+                    pool.clone(),
+                    e,
+                    rng.fork(),
+                    stop.clone(),
+                    signal,
+                )
+                .in_current_span(),
+            );
         }
         Pool {
             pool,

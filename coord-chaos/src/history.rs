@@ -192,14 +192,17 @@ pub enum Happening {
         /// What the node learned.
         outcome: Outcome,
     },
-    /// A watcher's view changed: its revision and hosts with their metadata.
+    /// A watcher's view changed: its revision, and the hosts that differ from its previous
+    /// view (every host, for the first), each with its metadata or `None` when it is gone.
+    /// Changes, not the whole view, so that a record costs what changed, whatever the
+    /// cluster's size.
     View {
         /// Whose watcher.
         who: Incarnation,
         /// The view's revision.
         revision: Revision,
-        /// The hosts in it, with their metadata.
-        hosts: Vec<(String, String)>,
+        /// The hosts that differ from the previous view.
+        changes: Vec<(String, Option<String>)>,
     },
     /// A watcher emitted an event.
     Emitted(Incarnation, Emitted),
@@ -243,6 +246,9 @@ pub struct Record {
 pub struct History {
     /// Every record, in order.
     pub records: Vec<Record>,
+    /// The world's time resolution: zero in-process, turmoil's tick over turmoil (timers and
+    /// messages land on its boundaries, so no round trip is shorter than two of them).
+    pub resolution: Duration,
 }
 
 impl History {

@@ -90,6 +90,12 @@ pub struct State {
     deadlines: BTreeSet<(Instant, LeaseId)>,
     lease_rng: u64,
     watchers: BTreeMap<WatchId, Watcher>,
+    /// The watchers of single keys, by key, and of prefixes: a commit looks up only the
+    /// watchers its keys concern (thousands of watches are open in a large simulation).
+    key_watchers: BTreeMap<Bytes, BTreeSet<WatchId>>,
+    prefix_watchers: BTreeMap<WatchId, Bytes>,
+    /// The watchers still catching up on history.
+    unsynced: BTreeSet<WatchId>,
     next_watch: WatchId,
     outbox: Vec<Delivery>,
     min_ttl: Duration,
@@ -119,6 +125,9 @@ impl State {
             deadlines: BTreeSet::new(),
             lease_rng: seed,
             watchers: BTreeMap::new(),
+            key_watchers: BTreeMap::new(),
+            prefix_watchers: BTreeMap::new(),
+            unsynced: BTreeSet::new(),
             next_watch: 0,
             outbox: Vec::new(),
             min_ttl,
@@ -389,7 +398,17 @@ impl State {
         }
         debug_assert_eq!(p.revision, self.revision + 1);
         self.revision = p.revision;
-        let ids: Vec<WatchId> = self.watchers.keys().copied().collect();
+        let mut ids: BTreeSet<WatchId> = BTreeSet::new();
+        for e in &p.events {
+            if let Some(watching) = self.key_watchers.get(&e.kv.key) {
+                ids.extend(watching);
+            }
+        }
+        for (id, prefix) in &self.prefix_watchers {
+            if p.events.iter().any(|e| e.kv.key.starts_with(prefix)) {
+                ids.insert(*id);
+            }
+        }
         for id in ids {
             let w = &self.watchers[&id];
             if !w.synced || w.next_revision > p.revision {
@@ -690,25 +709,51 @@ impl State {
             next_revision: start,
             synced: start > self.revision,
         };
-        self.watchers.insert(id, w);
+        self.add_watcher(id, w);
         id
+    }
+
+    fn add_watcher(&mut self, id: WatchId, w: Watcher) {
+        match &w.range {
+            KeyRange::Key(k) => {
+                self.key_watchers.entry(k.clone()).or_default().insert(id);
+            }
+            KeyRange::Prefix(p) => {
+                self.prefix_watchers.insert(id, p.clone());
+            }
+        }
+        if !w.synced {
+            self.unsynced.insert(id);
+        }
+        self.watchers.insert(id, w);
+    }
+
+    fn remove_watcher(&mut self, id: WatchId) {
+        let Some(w) = self.watchers.remove(&id) else {
+            return;
+        };
+        if let KeyRange::Key(k) = &w.range {
+            if let Some(set) = self.key_watchers.get_mut(k) {
+                set.remove(&id);
+                if set.is_empty() {
+                    self.key_watchers.remove(k);
+                }
+            }
+        }
+        self.prefix_watchers.remove(&id);
+        self.unsynced.remove(&id);
     }
 
     /// True while some watch still has history to catch up on.
     pub fn has_unsynced_watchers(&self) -> bool {
-        self.watchers.values().any(|w| !w.synced)
+        !self.unsynced.is_empty()
     }
 
     /// Sends every unsynced watch its history, in one batch, or `Compacted` if a compaction
     /// overtook it; etcd does this from a loop every 100 ms (`syncWatchersLoop`).
     pub fn sync_watchers(&mut self, now: Instant) {
         self.expire(now);
-        let ids: Vec<WatchId> = self
-            .watchers
-            .iter()
-            .filter(|(_, w)| !w.synced)
-            .map(|(id, _)| *id)
-            .collect();
+        let ids: Vec<WatchId> = self.unsynced.iter().copied().collect();
         for id in ids {
             let w = &self.watchers[&id];
             if w.next_revision < self.compact_revision {
@@ -719,7 +764,7 @@ impl State {
                         compact_revision: self.compact_revision,
                     }),
                 });
-                self.watchers.remove(&id);
+                self.remove_watcher(id);
                 continue;
             }
             let events: Vec<Event> = self
@@ -736,12 +781,13 @@ impl State {
             let w = self.watchers.get_mut(&id).expect("listed");
             w.next_revision = self.revision + 1;
             w.synced = true;
+            self.unsynced.remove(&id);
         }
     }
 
     /// Forgets a watch.
     pub fn cancel_watch(&mut self, id: WatchId) {
-        self.watchers.remove(&id);
+        self.remove_watcher(id);
     }
 
     /// Discards history before `rev`.

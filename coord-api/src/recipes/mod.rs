@@ -33,4 +33,4 @@ pub use registration::{
     HostRegistration, RegistrationConfig, RegistrationHealth, RegistrationStatus,
 };
 pub use session::{Session, SessionConfig, SessionEnd, SessionHandle, SessionHealth};
-pub use watcher::{ClusterEvent, ClusterView, ClusterWatcher, ClusterWatcherConfig};
+pub use watcher::{ClusterEvent, ClusterView, ClusterWatcher, ClusterWatcherConfig, HostChange};

@@ -20,7 +20,7 @@ USAGE: chaos [OPTIONS]
 Runs --seeds seeds (base-seed, base-seed + 1, ...) of one scenario with coord's own service
 (every node registers, changes its metadata, campaigns in every election and writes through
 the fence while it leads; the first nodes watch the cluster) and checks each run's history
-against the invariants (S1-S7, L1-L7, M1, C1).
+against the invariants (S1-S8, W1, L1-L7, M1, C1).
 
 OPTIONS:
   --seeds N          seeds to run (default 500)
@@ -42,6 +42,7 @@ OPTIONS:
                      crash, pause, restart, stop
   --rate N           faults per simulated minute, per kind (default 2)
   --latency MS       base one-way latency of every message (default 1)
+  --tick MS          with --turmoil: simulated time per turmoil step (default 10)
   --no-explore       do not explore schedules (the recipes never yield at their await points)
   --bug NAME         switch a planted bug on (needs --features planted-bugs), to watch it
                      being caught
@@ -121,6 +122,7 @@ fn parse() -> Result<Args, String> {
             "--ttl" => s.ttl = Duration::from_secs(num(&value)?.max(2)),
             "--duration" => s.duration = Duration::from_secs(num(&value)?),
             "--latency" => s.latency = Duration::from_millis(num(&value)?),
+            "--tick" => s.turmoil_tick = Duration::from_millis(num(&value)?.max(1)),
             "--rate" => {
                 s.faults_per_minute = value
                     .parse()

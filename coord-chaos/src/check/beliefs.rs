@@ -106,6 +106,12 @@ impl Beliefs {
                     }
                 }
                 Happening::Registered { who, key, lease } => {
+                    // What a registration being stopped reports is relied on no more.
+                    if b.stopping.contains_key(who)
+                        || b.open_stop(*who, &Part::Registration).is_some()
+                    {
+                        continue;
+                    }
                     if let Some(held) = registered.insert(*who, (key.clone(), *lease, r.at)) {
                         b.end_registration(*who, held, r.at);
                     }
@@ -136,17 +142,32 @@ impl Beliefs {
                 }
                 Happening::Stopping(who) => {
                     b.stopping.insert(*who, r.at);
+                    if let Some(held) = registered.remove(who) {
+                        b.end_registration(*who, held, r.at);
+                    }
                 }
                 Happening::Stopped { who, clean } => {
                     b.stopped.insert(*who, (r.at, *clean));
+                    // A stopped incarnation believes nothing.
+                    if let Some(held) = registered.remove(who) {
+                        b.end_registration(*who, held, r.at);
+                    }
                 }
-                Happening::PartStopping { who, part } => b.part_stops.push(PartStop {
-                    who: *who,
-                    part: part.clone(),
-                    began: r.at,
-                    returned: None,
-                    restarted: None,
-                }),
+                Happening::PartStopping { who, part } => {
+                    b.part_stops.push(PartStop {
+                        who: *who,
+                        part: part.clone(),
+                        began: r.at,
+                        returned: None,
+                        restarted: None,
+                    });
+                    // A registration being stopped is relied on no more.
+                    if *part == Part::Registration {
+                        if let Some(held) = registered.remove(who) {
+                            b.end_registration(*who, held, r.at);
+                        }
+                    }
+                }
                 Happening::PartStopped { who, part, clean } => {
                     if let Some(s) = b.open_stop(*who, part) {
                         s.returned = Some((r.at, *clean));

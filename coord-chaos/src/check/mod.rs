@@ -185,6 +185,12 @@ impl<'a> Run<'a> {
             .collect()
     }
 
+    /// The shortest round trip a healthy call takes here: the base latency each way, each
+    /// at least the world's time resolution (a turmoil tick).
+    pub fn round_trip(&self) -> Duration {
+        self.scenario.latency.max(self.history.resolution) * 2
+    }
+
     /// Slack for one message: the base latency each way plus the largest injected latency.
     pub fn rtt(&self) -> Duration {
         self.scenario.rtt() + Duration::from_millis(800)
@@ -264,6 +270,7 @@ pub(crate) fn coord() -> Vec<Box<dyn Invariant>> {
         named("S4/S5", watchers::s4_s5_watchers),
         named("S6", registrations::s6_no_foreign_deletes),
         named("S7", registrations::s7_single_registration),
+        named("S8", registrations::s8_registration_belief),
         named("L1", registrations::l1_self_healing),
         named("L2", registrations::l2_ride_through),
         named("L4", watchers::l4_watcher_convergence),

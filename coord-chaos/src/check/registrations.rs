@@ -12,6 +12,72 @@ use crate::fault::FaultKind;
 use crate::history::{Happening, Incarnation, Part};
 use crate::keys::{host_key, metadata_generation, HOSTS};
 
+/// S8: a registration is not believed past its lease's end. The store expires a lease no
+/// earlier than the registration's local deadline, so a belief in an expired lease must end
+/// by the expiry, whatever the network did; after a revoke it ends within the notice bound
+/// (a round trip when the node's link is sound, its session's deadline otherwise). A
+/// readiness probe reads this belief.
+pub(super) fn s8_registration_belief(run: &Run<'_>, out: &mut Vec<Violation>) {
+    let window = run.rtt();
+    for b in &run.beliefs.registered {
+        let Some(end) = run.truth.lease_ends.get(&b.lease).copied() else {
+            continue;
+        };
+        if b.until <= end {
+            continue;
+        }
+        let bound = if run.truth.expired.contains(&b.lease) {
+            Duration::ZERO
+        } else {
+            let disturbed: Vec<FaultKind> = FaultKind::ALL
+                .into_iter()
+                .filter(|k| k.disturbs_link())
+                .collect();
+            let faulty = run.beliefs.fault_near(
+                Some(b.who.node),
+                &disturbed,
+                end.saturating_sub(run.scenario.ttl),
+                end + window,
+            );
+            if faulty {
+                run.scenario.ttl + window
+            } else {
+                window
+            }
+        };
+        // A paused process learns nothing until it runs again.
+        let paused_until = run
+            .beliefs
+            .faults
+            .iter()
+            .filter(|f| {
+                f.fault.kind == FaultKind::Pause
+                    && f.fault.node == b.who.node
+                    && super::overlaps(f, b.from, b.until)
+            })
+            .map(|f| f.until)
+            .max();
+        if paused_until.is_some_and(|p| b.until <= p + window) {
+            continue;
+        }
+        if b.until > end + bound {
+            out.push(run.violation(
+                "S8",
+                end + bound,
+                &[b.who],
+                format!(
+                    "believed {} registered under lease {} until {:.3}s, {:.3}s after the lease ended at the store{}",
+                    b.key,
+                    b.lease,
+                    b.until.as_secs_f64(),
+                    (b.until - end).as_secs_f64(),
+                    if bound.is_zero() { " by expiry" } else { "" }
+                ),
+            ));
+        }
+    }
+}
+
 /// S6: a node deletes (or revokes away) only keys under its own incarnation's leases.
 pub(super) fn s6_no_foreign_deletes(run: &Run<'_>, out: &mut Vec<Violation>) {
     for d in &run.truth.deletions {
@@ -114,7 +180,7 @@ pub(super) fn l1_self_healing(run: &Run<'_>, out: &mut Vec<Violation>) {
     // Lone losses. The heal's first attempt comes within the backoff's first step; the
     // attempt is a grant and a put.
     let s = run.scenario;
-    let bound = s.initial_backoff + s.rtt() * 4 + Duration::from_millis(5);
+    let bound = s.initial_backoff + run.round_trip() * 4 + Duration::from_millis(5);
     for lost in &run.beliefs.registered {
         if lost.until >= run.end
             || run.beliefs.crashed.contains_key(&lost.who)
@@ -123,7 +189,7 @@ pub(super) fn l1_self_healing(run: &Run<'_>, out: &mut Vec<Violation>) {
             continue;
         }
         let t = lost.until;
-        let window = (t.saturating_sub(s.ttl), t + bound + s.rtt());
+        let window = (t.saturating_sub(s.ttl), t + bound + run.round_trip());
         // Lost replies linger until the node's next writes take them, each waiting out the
         // request timeout.
         let lingering = |f: &FaultSpan| {
@@ -178,7 +244,7 @@ pub(super) fn l2_ride_through(run: &Run<'_>, out: &mut Vec<Violation>) {
     let ttl = s.ttl;
     let blip = ttl
         .saturating_sub(s.renew_period() * 2)
-        .saturating_sub(s.rtt());
+        .saturating_sub(run.round_trip());
     for f in &run.beliefs.faults {
         let rides = match f.fault.kind {
             FaultKind::Partition | FaultKind::OneWay | FaultKind::Hold => f.until - f.from < blip,
@@ -225,6 +291,16 @@ fn check_rode_through(
         return;
     };
     if run.beliefs.crashed.contains_key(&who) || run.beliefs.stopped.contains_key(&who) {
+        return;
+    }
+    // Only a node in its steady state rides through: one still healing (its old lease given
+    // up, perhaps still standing at the store until it expires) has nothing to ride on.
+    let steady = run
+        .beliefs
+        .registered
+        .iter()
+        .any(|r| r.who == who && r.from < from && r.until >= from);
+    if !steady {
         return;
     }
     // Deleted by the store (expiry) or an operator; the node's own resignations and

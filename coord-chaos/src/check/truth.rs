@@ -58,11 +58,46 @@ pub struct Commit {
     pub events: Vec<Event>,
 }
 
+/// A set of hosts with their metadata, summarised: how many, and the sum of each pair's hash.
+/// Updated per change and compared at once, so a view is checked against the store in
+/// constant time however many hosts there are; only a mismatch is worth a full comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Fingerprint {
+    len: usize,
+    sum: u64,
+}
+
+impl Fingerprint {
+    fn pair(host: &str, metadata: &str) -> u64 {
+        // FNV-1a over host, a separator, metadata; then a finaliser so sums spread.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in host.bytes().chain([0xff]).chain(metadata.bytes()) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^ (h >> 33)
+    }
+
+    /// `host` joins with `metadata`.
+    pub(crate) fn add(&mut self, host: &str, metadata: &str) {
+        self.len += 1;
+        self.sum = self.sum.wrapping_add(Self::pair(host, metadata));
+    }
+
+    /// `host`, which had `metadata`, leaves.
+    pub(crate) fn remove(&mut self, host: &str, metadata: &str) {
+        self.len -= 1;
+        self.sum = self.sum.wrapping_sub(Self::pair(host, metadata));
+    }
+}
+
 /// Everything the checkers ask of the truth.
 #[derive(Debug, Default)]
 pub(crate) struct Truth {
-    /// Hosts (with their metadata) present after each revision that changed them.
-    hosts_at: BTreeMap<Revision, BTreeMap<String, String>>,
+    /// The hosts' fingerprint after each revision that changed them.
+    hosts_at: BTreeMap<Revision, Fingerprint>,
     /// Per host, its transitions in revision order.
     pub transitions: BTreeMap<String, Vec<Transition>>,
     pub deletions: Vec<Deletion>,
@@ -74,6 +109,8 @@ pub(crate) struct Truth {
     pub grants: BTreeMap<LeaseId, (u64, Duration)>,
     /// When each lease ended.
     pub lease_ends: BTreeMap<LeaseId, Duration>,
+    /// Leases that ended by expiring at the store (not revoked).
+    pub expired: BTreeSet<LeaseId>,
     /// When each lease was last renewed.
     pub renewals: BTreeMap<LeaseId, Vec<Duration>>,
     /// When the store refreshed every lease (leader change, restart), with the extension.
@@ -116,7 +153,8 @@ impl Truth {
             .collect();
         let mut keys: BTreeMap<String, Live> = BTreeMap::new();
         let mut open_spans: BTreeMap<String, usize> = BTreeMap::new();
-        t.hosts_at.insert(Revision::ZERO, BTreeMap::new());
+        let mut hosts = Fingerprint::default();
+        t.hosts_at.insert(Revision::ZERO, hosts);
         for r in &history.records {
             match &r.what {
                 Happening::Started { who, client } => {
@@ -129,8 +167,11 @@ impl Truth {
                     };
                     t.grants.insert(*lease, (client, r.at));
                 }
-                Happening::Store(Entry::LeaseEnd { lease, .. }) => {
+                Happening::Store(Entry::LeaseEnd { lease, origin }) => {
                     t.lease_ends.insert(*lease, r.at);
+                    if *origin == Origin::Expiry {
+                        t.expired.insert(*lease);
+                    }
                 }
                 Happening::Store(Entry::Renew { lease, .. }) => {
                     t.renewals.entry(*lease).or_default().push(r.at);
@@ -178,6 +219,14 @@ impl Truth {
                                 }
                                 let changed =
                                     before.as_ref().map(|b| &b.value) != Some(&live.value);
+                                if let Some(host) = key.strip_prefix(HOSTS) {
+                                    if let Some(b) = before.as_ref().filter(|_| changed) {
+                                        hosts.remove(host, &b.value);
+                                    }
+                                    if before.is_none() || changed {
+                                        hosts.add(host, &live.value);
+                                    }
+                                }
                                 keys.insert(key.clone(), live);
                                 if before.is_none() {
                                     hosts_changed |= t.host_transition(&key, *revision, true);
@@ -189,6 +238,9 @@ impl Truth {
                                 let Some(prev) = keys.remove(&key) else {
                                     continue;
                                 };
+                                if let Some(host) = key.strip_prefix(HOSTS) {
+                                    hosts.remove(host, &prev.value);
+                                }
                                 if let Some(i) = open_spans.remove(&key) {
                                     t.key_spans[i].until = Some(r.at);
                                 }
@@ -205,14 +257,7 @@ impl Truth {
                         }
                     }
                     if hosts_changed {
-                        let set = keys
-                            .iter()
-                            .filter_map(|(k, v)| {
-                                k.strip_prefix(HOSTS)
-                                    .map(|h| (h.to_owned(), v.value.clone()))
-                            })
-                            .collect();
-                        t.hosts_at.insert(*revision, set);
+                        t.hosts_at.insert(*revision, hosts);
                     }
                     for name in touched {
                         let prefix = format!("{name}/");
@@ -250,13 +295,37 @@ impl Truth {
         true
     }
 
-    /// The hosts registered at `revision`, with their metadata.
-    pub(crate) fn hosts_at(&self, revision: Revision) -> &BTreeMap<String, String> {
+    /// The fingerprint of the hosts registered at `revision`.
+    pub(crate) fn fingerprint_at(&self, revision: Revision) -> Fingerprint {
         self.hosts_at
             .range(..=revision)
             .next_back()
-            .map(|(_, s)| s)
+            .map(|(_, f)| *f)
             .expect("revision 0 is always there")
+    }
+
+    /// The hosts registered at `revision`, with their metadata: replayed from the commits,
+    /// for a report (see [`fingerprint_at`](Self::fingerprint_at) for checking).
+    pub(crate) fn hosts_at(&self, revision: Revision) -> BTreeMap<String, String> {
+        let mut hosts = BTreeMap::new();
+        for c in self.commits.iter().take_while(|c| c.revision <= revision) {
+            for e in &c.events {
+                let key = String::from_utf8_lossy(&e.kv.key);
+                let Some(host) = key.strip_prefix(HOSTS) else {
+                    continue;
+                };
+                match e.kind {
+                    EventKind::Put => {
+                        let md = String::from_utf8_lossy(&e.kv.value).into_owned();
+                        hosts.insert(host.to_owned(), md);
+                    }
+                    EventKind::Delete => {
+                        hosts.remove(host);
+                    }
+                }
+            }
+        }
+        hosts
     }
 
     /// The election's leader (the oldest key's create revision) as of `revision`.

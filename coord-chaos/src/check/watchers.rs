@@ -8,6 +8,7 @@ use std::time::Duration;
 use coord_api::Revision;
 
 use super::elections::{heal_bound, live_at_end};
+use super::truth::Fingerprint;
 use super::{time_of, Run, Violation};
 use crate::history::{Emitted, Happening, Incarnation};
 use crate::keys::HOSTS;
@@ -28,6 +29,9 @@ pub(super) fn s4_s5_watchers(run: &Run<'_>, out: &mut Vec<Violation>) {
         views: Vec<Revision>,
         /// The revision of the last event it emitted.
         emitted: Revision,
+        /// Its view, rebuilt from the changes it recorded, and the view's fingerprint.
+        view: BTreeMap<String, String>,
+        fingerprint: Fingerprint,
     }
     let mut ws: BTreeMap<Incarnation, W> = BTreeMap::new();
     for r in &run.history.records {
@@ -35,7 +39,7 @@ pub(super) fn s4_s5_watchers(run: &Run<'_>, out: &mut Vec<Violation>) {
             Happening::View {
                 who,
                 revision,
-                hosts,
+                changes,
             } => {
                 let w = ws.entry(*who).or_default();
                 if *revision < w.revision {
@@ -51,14 +55,19 @@ pub(super) fn s4_s5_watchers(run: &Run<'_>, out: &mut Vec<Violation>) {
                 if w.first.is_none() && *revision > 0 {
                     w.first = Some(*revision);
                 }
-                let truth = run.truth.hosts_at(*revision);
-                let view: BTreeMap<String, String> = hosts.iter().cloned().collect();
-                if *revision > 0 && view != *truth {
+                apply_changes(&mut w.view, &mut w.fingerprint, changes);
+                if *revision > 0 && w.fingerprint != run.truth.fingerprint_at(*revision) {
+                    let truth = run.truth.hosts_at(*revision);
                     out.push(run.violation(
                         "S4",
                         r.at,
                         &[*who],
-                        format!("view at revision {revision} is {view:?}, the store had {truth:?}"),
+                        format!(
+                            "view at revision {revision} ({} hosts) differs from the store's ({} hosts): {}",
+                            w.view.len(),
+                            truth.len(),
+                            differences(&w.view, &truth)
+                        ),
                     ));
                 }
             }
@@ -188,33 +197,64 @@ pub(super) fn l4_watcher_convergence(run: &Run<'_>, out: &mut Vec<Violation>) {
         .keys()
         .filter_map(|k| k.strip_prefix(HOSTS).map(str::to_owned))
         .collect();
-    for who in live_at_end(run) {
-        let last = run
-            .history
-            .records
-            .iter()
-            .rev()
-            .find_map(|r| match &r.what {
-                Happening::View {
-                    who: w,
-                    hosts,
-                    revision,
-                } if *w == who => Some((hosts, *revision)),
-                _ => None,
-            });
-        let Some((hosts, revision)) = last else {
-            continue;
-        };
-        let view: BTreeSet<String> = hosts.iter().map(|(h, _)| h.clone()).collect();
-        if view != truth {
+    // Each live watcher's last view, rebuilt in one pass over the history.
+    let live: BTreeSet<Incarnation> = live_at_end(run).into_iter().collect();
+    let mut views: BTreeMap<Incarnation, (BTreeMap<String, String>, Fingerprint, Revision)> =
+        BTreeMap::new();
+    for r in &run.history.records {
+        if let Happening::View {
+            who,
+            changes,
+            revision,
+        } = &r.what
+        {
+            if live.contains(who) {
+                let (view, fingerprint, last) = views.entry(*who).or_default();
+                apply_changes(view, fingerprint, changes);
+                *last = *revision;
+            }
+        }
+    }
+    for (who, (view, _, revision)) in views {
+        let hosts: BTreeSet<String> = view.into_keys().collect();
+        if hosts != truth {
             out.push(run.violation(
                 "L4",
                 last_change + settle,
                 &[who],
                 format!(
-                    "final view {view:?} (revision {revision}) differs from the store's {truth:?}"
+                    "final view {hosts:?} (revision {revision}) differs from the store's {truth:?}"
                 ),
             ));
         }
     }
+}
+
+/// Applies a recorded view's changes to the view rebuilt so far, and to its fingerprint.
+fn apply_changes(
+    view: &mut BTreeMap<String, String>,
+    fingerprint: &mut Fingerprint,
+    changes: &[(String, Option<String>)],
+) {
+    for (host, metadata) in changes {
+        if let Some(old) = view.remove(host) {
+            fingerprint.remove(host, &old);
+        }
+        if let Some(md) = metadata {
+            fingerprint.add(host, md);
+            view.insert(host.clone(), md.clone());
+        }
+    }
+}
+
+/// The first few hosts on which two views differ, for a report.
+fn differences(view: &BTreeMap<String, String>, truth: &BTreeMap<String, String>) -> String {
+    let hosts: BTreeSet<&String> = view.keys().chain(truth.keys()).collect();
+    let diff: Vec<String> = hosts
+        .into_iter()
+        .filter(|h| view.get(*h) != truth.get(*h))
+        .take(5)
+        .map(|h| format!("{h}: view {:?}, store {:?}", view.get(h), truth.get(h)))
+        .collect();
+    diff.join("; ")
 }
