@@ -125,3 +125,8 @@ pub use turmoil_world::{
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The repository's README, whose example is compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct RepositoryReadmeDoctests;
