@@ -324,22 +324,7 @@ async fn follow_watcher(node: Node) {
 /// event's own revision, misses its change. (A newer view may have moved on: the host may be
 /// back, or gone again.)
 fn view_disagrees(event: &ClusterEvent, view: &ClusterView) -> Option<String> {
-    let (revision, holds) = match event {
-        ClusterEvent::HostUp {
-            host,
-            metadata,
-            revision,
-        }
-        | ClusterEvent::HostUpdated {
-            host,
-            metadata,
-            revision,
-        } => (*revision, view.get(host) == Some(metadata)),
-        ClusterEvent::HostDown { host, revision, .. } => (*revision, !view.contains(host)),
-        ClusterEvent::Resynced { revision } => (*revision, true),
-    };
-    let wrong = view.revision() < revision || (view.revision() == revision && !holds);
-    wrong.then(|| {
+    (!view.explains(event)).then(|| {
         format!(
             "the watcher emitted {event:?} while its view was at revision {} ({} hosts)",
             view.revision(),

@@ -164,6 +164,28 @@ impl ClusterView {
             .collect()
     }
 
+    /// Whether this view, read by a consumer on receiving `event`, already explains it: the
+    /// view is not older than the event, and at the event's own revision it holds the event's
+    /// change (a newer view may have moved on: the host back, or gone again). The watcher
+    /// promises this of every event it emits.
+    pub fn explains(&self, event: &ClusterEvent) -> bool {
+        let (revision, holds) = match event {
+            ClusterEvent::HostUp {
+                host,
+                metadata,
+                revision,
+            }
+            | ClusterEvent::HostUpdated {
+                host,
+                metadata,
+                revision,
+            } => (*revision, self.get(host) == Some(metadata)),
+            ClusterEvent::HostDown { host, revision, .. } => (*revision, !self.contains(host)),
+            ClusterEvent::Resynced { revision } => (*revision, true),
+        };
+        self.revision > revision || (self.revision == revision && holds)
+    }
+
     /// The hosts that differ from `earlier`: up in this view and not in `earlier`, gone from
     /// it, or with other metadata. In host order. Cheap between views of one watcher (they
     /// share what did not change); any two views work.
