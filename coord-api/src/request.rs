@@ -466,6 +466,15 @@ impl TxnRequest {
         self.failure = ops.into_iter().map(Into::into).collect();
         self
     }
+
+    /// Whether either branch writes. A transaction that writes nothing is a read: safe to
+    /// retry, and a lost reply leaves nothing unknown.
+    pub fn writes(&self) -> bool {
+        self.success
+            .iter()
+            .chain(&self.failure)
+            .any(|op| !matches!(op, TxnOp::Get(_)))
+    }
 }
 
 /// The response to one [`TxnOp`].

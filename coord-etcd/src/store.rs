@@ -251,12 +251,11 @@ impl KvLeaseStore for EtcdStore {
 
     async fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
         validate::txn(&req, &self.pool.config().limits)?;
-        let writes = req
-            .success
-            .iter()
-            .chain(&req.failure)
-            .any(|op| !matches!(op, TxnOp::Get(_)));
-        let kind = if writes { Kind::Write } else { Kind::Read };
+        let kind = if req.writes() {
+            Kind::Write
+        } else {
+            Kind::Read
+        };
         let res = self
             .pool
             .call("txn", kind, |mut c| {

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use coord_api::{
     validate, DeleteRequest, DeleteResponse, DynKvLeaseStore, GetRequest, GetResponse, KeepAlive,
     KvLeaseStore, LeaseGrant, LeaseId, LeaseTimeToLive, Limits, PutRequest, PutResponse, Result,
-    Revision, TxnOp, TxnRequest, TxnResponse, WatchRequest, WatchResponse, WatchStream,
+    Revision, TxnRequest, TxnResponse, WatchRequest, WatchResponse, WatchStream,
 };
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
@@ -382,14 +382,12 @@ impl KvLeaseStore for SimStore {
 
     async fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
         validate::txn(&req, self.limits_ref())?;
-        // A transaction that writes nothing is a read, as `EtcdStore` counts it: safe to
-        // retry, and its lost reply is `Unavailable`, not `Indeterminate`.
-        let writes = req
-            .success
-            .iter()
-            .chain(&req.failure)
-            .any(|op| !matches!(op, TxnOp::Get(_)));
-        let kind = if writes { Call::Write } else { Call::Read };
+        // A transaction that writes nothing is a read, as `EtcdStore` counts it.
+        let kind = if req.writes() {
+            Call::Write
+        } else {
+            Call::Read
+        };
         self.call("txn", kind, move |c| c.apply(|s, now| s.txn(now, &req)))
             .await
     }
