@@ -17,8 +17,11 @@ async fn three() -> EtcdCluster {
         .unwrap_or_else(|e| panic!("cannot start etcd: {e}"))
 }
 
-/// With the member it talks to killed, not one request fails: reads and writes move to the
-/// next member. (etcd-client alone failed 31% of requests here: docs/ETCD-BEHAVIOUR.md 3.6.)
+/// With the member it talks to killed, reads and writes move to the next member. One request
+/// only may fail: a write the dead member's connection had already taken when it closed under
+/// it, as `Indeterminate` (it may have been written and proposed before the death; nothing on
+/// the client can tell). A write the connection gave back unsent moves on like a read. (etcd-client
+/// alone failed 31% of requests here: docs/ETCD-BEHAVIOUR.md 3.6.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_member_fails_no_request() {
     let cluster = three().await;
@@ -39,18 +42,28 @@ async fn a_dead_member_fails_no_request() {
 
     let start = Instant::now();
     let mut failures = Vec::new();
+    let mut raced_the_death = None;
     for i in 0..200 {
         if let Err(e) = store.put_value("failover/k", format!("{i}")).await {
-            failures.push(format!("put {i}: {e}"));
+            let chain = format!("{e:?}");
+            let closed_under_it = e.class() == ErrorClass::Indeterminate
+                && chain.contains("stream closed because of a broken pipe");
+            if i == 0 && closed_under_it {
+                raced_the_death = Some(e);
+            } else {
+                failures.push(format!("put {i}: {e}: {chain}"));
+            }
         }
         if let Err(e) = store.get_key("failover/k").await {
-            failures.push(format!("get {i}: {e}"));
+            failures.push(format!("get {i}: {e}: {e:?}"));
         }
     }
     println!(
-        "a_dead_member_fails_no_request: 400 requests in {:?} after killing member {victim}, {} failed",
+        "a_dead_member_fails_no_request: 400 requests in {:?} after killing member {victim}, \
+         {} failed, first write raced the death: {}",
         start.elapsed(),
-        failures.len()
+        failures.len(),
+        raced_the_death.is_some()
     );
     assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -59,6 +59,24 @@ fn rejected(op: &'static str, source: impl Into<coord_api::BoxError>) -> Error {
     }
 }
 
+/// Whether the transport gave the request back unsent: hyper cancels a request that was still
+/// queued for a connection when that connection closed, or that met a connection not ready to
+/// take it, and only then (`hyper::Error::is_canceled`). Such a write reached no server, so it
+/// may go to another member. A connection that closes under a request it already took is not
+/// this case: the request may have been written, read and proposed before the member died.
+fn given_back_unsent(status: &tonic::Status) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(status);
+    while let Some(e) = cur {
+        if e.downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_canceled)
+        {
+            return true;
+        }
+        cur = e.source();
+    }
+    false
+}
+
 /// Maps a gRPC status from etcd.
 ///
 /// `LeaseNotFound`, `Compacted` and `FutureRevision` come back with placeholder fields (etcd's
@@ -69,6 +87,7 @@ pub(crate) fn map_status(op: &'static str, kind: Kind, status: tonic::Status) ->
         || msg.contains("invalid user ID or password")
         || msg.contains("user name is empty");
     match status.code() {
+        _ if given_back_unsent(&status) => unavailable(op, status),
         _ if auth_failed => Error::PermissionDenied {
             backend: BACKEND,
             reason: msg,
@@ -185,6 +204,42 @@ mod tests {
         let msg = "h2 protocol error: error reading a body from connection";
         let (c, _) = class(Kind::Write, Code::Unknown, msg);
         assert_eq!(c, ErrorClass::Indeterminate);
+    }
+
+    /// A request the transport gave back unsent, produced by hyper itself: an HTTP/2 client
+    /// whose connection is gone before the request is taken, as after a member's death.
+    async fn request_given_back_unsent() -> tonic::Status {
+        let (client_io, _server_io) = tokio::io::duplex(64 * 1024);
+        let (mut send, conn) = hyper::client::conn::http2::handshake::<_, _, String>(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(client_io),
+        )
+        .await
+        .expect("handshake");
+        drop(conn);
+        let request = http::Request::new(String::new());
+        let err = send.send_request(request).await.expect_err("no connection");
+        assert!(err.is_canceled(), "{err:?}");
+        tonic::Status::from_error(Box::new(err))
+    }
+
+    #[tokio::test]
+    async fn a_write_given_back_unsent_is_retryable() {
+        let status = request_given_back_unsent().await;
+        let e = map("put", Kind::Write, etcd_client::Error::GRpcStatus(status));
+        assert_eq!(e.class(), ErrorClass::Retryable, "{e:?}");
+    }
+
+    #[test]
+    fn a_closed_connection_under_a_taken_write_is_indeterminate() {
+        // What h2 reports on the streams it had taken when the member's end closed.
+        let eof = std::io::Error::new(
+            std::io::ErrorKind::BrokenPipe,
+            "stream closed because of a broken pipe",
+        );
+        let status = tonic::Status::from_error(Box::new(eof));
+        let e = map("put", Kind::Write, etcd_client::Error::GRpcStatus(status));
+        assert_eq!(e.class(), ErrorClass::Indeterminate, "{e:?}");
     }
 
     #[test]
