@@ -21,6 +21,12 @@ pub enum HarnessError {
         "etcd not found: set ETCD_BIN, or put etcd on PATH (Debian: apt-get install etcd-server)"
     )]
     EtcdNotFound,
+    /// No `setpriv`, which ties each etcd process's life to the test process's.
+    #[error(
+        "setpriv not found on PATH: the harness runs etcd under `setpriv --pdeathsig KILL` so \
+         that no etcd outlives a killed test (Debian: apt-get install util-linux)"
+    )]
+    SetprivNotFound,
     /// A member did not become ready in time; `log` is the end of its log.
     #[error("etcd member {member} did not become ready within {waited:?}; its log ends:\n{log}")]
     NotReady {
@@ -35,6 +41,9 @@ pub enum HarnessError {
     #[error("etcd harness: {0}")]
     Io(#[from] std::io::Error),
 }
+
+/// The members' data directories are `<temp>/coord-etcd-<test pid>-<random>`.
+const DIR_PREFIX: &str = "coord-etcd-";
 
 /// Finds the etcd binary: `ETCD_BIN`, else `etcd` on `PATH`.
 pub fn etcd_binary() -> Result<PathBuf, HarnessError> {
@@ -139,7 +148,10 @@ impl EtcdClusterBuilder {
 
     async fn start_once(self) -> Result<EtcdCluster, HarnessError> {
         let bin = etcd_binary()?;
-        let dir = tempfile::Builder::new().prefix("coord-etcd-").tempdir()?;
+        super::tied::remove_orphaned_dirs(DIR_PREFIX);
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{DIR_PREFIX}{}-", std::process::id()))
+            .tempdir()?;
         let mut members = Vec::with_capacity(self.members);
         for i in 0..self.members {
             members.push(Member {
@@ -303,7 +315,7 @@ impl EtcdCluster {
             .iter()
             .map(|m| format!("{}={}", m.name, peer(m)))
             .collect();
-        let mut cmd = Command::new(&self.bin);
+        let mut cmd = super::tied::command(&self.bin)?;
         cmd.arg("--name")
             .arg(&m.name)
             .arg("--data-dir")
@@ -354,7 +366,7 @@ impl EtcdCluster {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log));
-        let child = cmd.spawn()?;
+        let child = super::tied::spawn(cmd)?;
         *m.child.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
         Ok(())
     }

@@ -6,9 +6,13 @@
 //! Tests that use it need the `etcd` binary: `ETCD_BIN`, or `etcd` on `PATH` (Debian's
 //! `etcd-server` package). Without it they fail with [`HarnessError::EtcdNotFound`], which
 //! says so; they never skip.
+//!
+//! No etcd outlives the test process that started it, even one killed with SIGKILL: each runs
+//! under util-linux's `setpriv --pdeathsig KILL` (see `tied.rs`).
 
 mod cluster;
 mod proxy;
+mod tied;
 
 pub use cluster::{etcd_binary, EtcdCluster, EtcdClusterBuilder, HarnessError, ServerTls};
 pub use proxy::{ProxyMode, TcpProxy};
