@@ -56,8 +56,7 @@ impl TlsConfig {
 /// use coord_etcd::EtcdConfig;
 /// let config = EtcdConfig::new(["10.0.0.1:2379", "10.0.0.2:2379", "10.0.0.3:2379"])
 ///     .with_request_timeout(Duration::from_secs(3))
-///     .with_user("svc", "secret")
-///     .with_require_leader(true);
+///     .with_user("svc", "secret");
 /// # let _ = config;
 /// ```
 #[derive(Clone)]
@@ -91,7 +90,7 @@ impl EtcdConfig {
     /// Endpoints as `host:port` or `http(s)://host:port`; every member of the cluster, so a
     /// dead member does not stop the client. Defaults: connect timeout 2 s, request timeout
     /// 5 s, HTTP/2 keep-alive every 10 s with a 5 s timeout (a dead connection is noticed
-    /// within 15 s), require-leader off, etcd's default limits.
+    /// within 15 s), require-leader on, etcd's default limits.
     pub fn new<S: AsRef<str>>(endpoints: impl IntoIterator<Item = S>) -> Self {
         EtcdConfig {
             endpoints: endpoints
@@ -106,7 +105,10 @@ impl EtcdConfig {
             keep_alive: Some((Duration::from_secs(10), Duration::from_secs(5))),
             tls: None,
             user: None,
-            require_leader: false,
+            // On: without it, a member cut off from its peers keeps a watch open and silent,
+            // and holds writes until they time out (measured in tests/faults_etcd.rs, the
+            // peer partition case: the watcher missed a host registered on the majority).
+            require_leader: true,
             limits: Limits::ETCD_DEFAULTS,
         }
     }
@@ -149,6 +151,7 @@ impl EtcdConfig {
 
     /// Ask etcd to refuse requests (and end watches) while the member has no leader, so a
     /// client on a partitioned member fails over instead of reading stale data or hanging.
+    /// On by default; turning it off trades that for nothing coord relies on.
     pub fn with_require_leader(mut self, on: bool) -> Self {
         self.require_leader = on;
         self
