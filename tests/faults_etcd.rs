@@ -760,3 +760,215 @@ async fn a_service_started_while_etcd_is_down_comes_up_when_it_answers() {
     reg.stop().await.unwrap();
     host.stop().await.unwrap();
 }
+
+/// Three members with fast elections (and peer proxies, so one can be cut off), and a client
+/// whose first endpoint is member `first`: the member it uses until that one fails it. Its
+/// request timeout (a third of the TTL) gives up on a member that holds requests well before
+/// a session's deadline.
+async fn three_members(first: Option<usize>) -> (EtcdCluster, Arc<DynKvLeaseStore>, usize) {
+    let cluster = EtcdCluster::builder()
+        .members(3)
+        .fast_elections(true)
+        .peer_proxies(true)
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("cannot start etcd: {e}"));
+    let leader = cluster.leader().await.expect("a leader");
+    let first = first.unwrap_or((leader + 1) % cluster.len());
+    let mut endpoints = vec![cluster.endpoint(first)];
+    endpoints.extend(
+        (0..cluster.len())
+            .filter(|i| *i != first)
+            .map(|i| cluster.endpoint(i)),
+    );
+    let config = EtcdConfig::new(endpoints)
+        .with_limits(cluster.limits())
+        .with_request_timeout(TTL / 3);
+    let store: Arc<DynKvLeaseStore> = Arc::new(EtcdStore::connect(config).await.unwrap());
+    (cluster, store, first)
+}
+
+/// Asserts what a member-level fault must not cost while a majority answers: no host reported
+/// down, every registration healthy, and (after `settle`, at least a TTL past recovery, where a
+/// second wave would show) no leadership begun since `leaderships` were counted.
+async fn assert_ridden_through(
+    seen: &Seen,
+    regs: &[HostRegistration],
+    store: &Arc<DynKvLeaseStore>,
+    leaders: &Leaders,
+    leaderships: usize,
+    what: &str,
+) {
+    eventually(TTL + SLACK, "every registration healthy", || {
+        all_registered(regs, store)
+    })
+    .await;
+    tokio::time::sleep(TTL + SLACK).await;
+    for h in ["a", "b", "c"] {
+        assert!(seen.downs(h).is_empty(), "HostDown for {h} on {what}");
+    }
+    assert!(
+        all_registered(regs, store).await,
+        "a registration unhealthy after {what}"
+    );
+    assert_eq!(
+        leaders.count(),
+        leaderships,
+        "a leadership ended on {what}: {:?}",
+        leaders.0.lock().unwrap()
+    );
+    leaders.assert_exclusive();
+}
+
+/// R4: the member the client uses is cut off from the other two (a peer partition), for two
+/// TTLs, while the client still reaches it. The client must move to the majority before any
+/// session's deadline: no host reported down, no leadership lost, and the watcher (on the same
+/// client) sees a host that registers on the majority meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_partition_of_the_clients_member_is_ridden_through() {
+    let (cluster, store, victim) = three_members(None).await;
+    let (seen, _watcher) = observe(&store).await;
+    let (regs, leaders, _candidates) = hosts_and_an_election(&store).await;
+    let leaderships = leaders.count();
+    let majority: Arc<DynKvLeaseStore> = {
+        let other = (victim + 1) % cluster.len();
+        let config = EtcdConfig::new([cluster.endpoint(other)]).with_limits(cluster.limits());
+        Arc::new(EtcdStore::connect(config).await.unwrap())
+    };
+
+    cluster.isolate(victim);
+    let cut = Instant::now();
+    let d = HostRegistration::start(majority.clone(), register("d"))
+        .await
+        .unwrap();
+    eventually(
+        TTL + SLACK,
+        "the watcher to see d, registered on the majority",
+        || async { !seen.ups("d").is_empty() },
+    )
+    .await;
+    let saw_d = cut.elapsed();
+    tokio::time::sleep((TTL * 2).saturating_sub(cut.elapsed())).await;
+    cluster.rejoin();
+    let healed = Instant::now();
+    assert_ridden_through(
+        &seen,
+        &regs,
+        &store,
+        &leaders,
+        leaderships,
+        "a peer partition",
+    )
+    .await;
+    assert!(seen.downs("d").is_empty(), "HostDown for d");
+    drop(d);
+    println!(
+        "measured: member {victim} (the client's) cut from its peers for {:?}: the watcher saw a host registered on the majority {saw_d:?} after the cut; no HostDown, no leadership lost, watched {:?} after the heal",
+        TTL * 2,
+        healed.elapsed()
+    );
+}
+
+/// Every member killed at once and restarted on its data (a power cut), back within the TTL:
+/// the restarted members refresh every lease, so nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_cluster_restart_is_ridden_through() {
+    let (cluster, store, _) = three_members(None).await;
+    let (seen, _watcher) = observe(&store).await;
+    let (regs, leaders, _candidates) = hosts_and_an_election(&store).await;
+    let leaderships = leaders.count();
+
+    let start = Instant::now();
+    cluster.restart_all().await.unwrap();
+    let restarted = start.elapsed();
+    within(TTL, "a write after the restart", async {
+        while store.put_value("probe", "1").await.is_err() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let writes = start.elapsed();
+    assert_ridden_through(
+        &seen,
+        &regs,
+        &store,
+        &leaders,
+        leaderships,
+        "a full restart",
+    )
+    .await;
+    println!(
+        "measured: all 3 members killed and restarted: ready {restarted:?} after, writes {writes:?} after; no HostDown, no leadership lost"
+    );
+}
+
+/// The member the client uses is replaced as an operator replaces a machine: removed, wiped,
+/// added back empty. The client moves to the others; the new member catches up and holds
+/// every host's key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_member_catches_up_and_costs_nothing() {
+    let (cluster, store, victim) = three_members(None).await;
+    let (seen, _watcher) = observe(&store).await;
+    let (regs, leaders, _candidates) = hosts_and_an_election(&store).await;
+    let leaderships = leaders.count();
+
+    let start = Instant::now();
+    cluster.replace(victim).await.unwrap();
+    let replaced = start.elapsed();
+    // Its own client, on it alone: it serves every host's key (a linearizable read).
+    let fresh = EtcdStore::connect(
+        EtcdConfig::new([cluster.endpoint(victim)]).with_limits(cluster.limits()),
+    )
+    .await
+    .unwrap();
+    let hosts = fresh.get_prefix("hosts/").await.unwrap();
+    assert_eq!(hosts.count, 3, "the replaced member holds {:?}", hosts.kvs);
+    assert_ridden_through(
+        &seen,
+        &regs,
+        &store,
+        &leaders,
+        leaderships,
+        "a member replaced",
+    )
+    .await;
+    println!(
+        "measured: member {victim} (the client's) removed, wiped and added back: serving with every key {replaced:?} after; no HostDown, no leadership lost"
+    );
+}
+
+/// Raft leadership moved every 300 ms for three TTLs (`etcdctl move-leader`) while hosts
+/// register, watch and elect: each new raft leader refreshes the leases, requests in flight
+/// may fail and are retried, and nothing a recipe promises moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_of_leader_transfers_is_ridden_through() {
+    let (cluster, store, _) = three_members(None).await;
+    let (seen, _watcher) = observe(&store).await;
+    let (regs, leaders, _candidates) = hosts_and_an_election(&store).await;
+    let leaderships = leaders.count();
+
+    let start = Instant::now();
+    let mut moved = 0;
+    let mut next = 0;
+    while start.elapsed() < TTL * 3 {
+        next = (next + 1) % cluster.len();
+        if cluster.move_leader(next).await.unwrap_or(false) {
+            moved += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(moved >= 10, "only {moved} transfers in {:?}", TTL * 3);
+    assert_ridden_through(
+        &seen,
+        &regs,
+        &store,
+        &leaders,
+        leaderships,
+        "leader transfers",
+    )
+    .await;
+    println!(
+        "measured: {moved} raft leader transfers in {:?}: no HostDown, no leadership lost",
+        TTL * 3
+    );
+}

@@ -10,6 +10,7 @@ use std::time::Duration;
 use coord_api::{KvLeaseStore, LeaseId, Limits};
 use tokio::time::Instant;
 
+use super::peer_proxy::{Isolation, PeerProxy};
 use crate::{EtcdConfig, EtcdStore};
 
 /// Why the harness could not give a test its etcd.
@@ -37,6 +38,9 @@ pub enum HarnessError {
         /// The end of the member's log.
         log: String,
     },
+    /// A request the harness made of the cluster (membership, leadership) failed.
+    #[error("etcd harness: {0}")]
+    Admin(String),
     /// Starting a process or creating a directory failed.
     #[error("etcd harness: {0}")]
     Io(#[from] std::io::Error),
@@ -102,6 +106,7 @@ pub struct EtcdClusterBuilder {
     extra_args: Vec<String>,
     server_tls: Option<ServerTls>,
     client_tls: Option<crate::TlsConfig>,
+    peer_proxies: bool,
 }
 
 impl EtcdClusterBuilder {
@@ -123,6 +128,13 @@ impl EtcdClusterBuilder {
     pub fn tls(mut self, server: ServerTls, client: crate::TlsConfig) -> Self {
         self.server_tls = Some(server);
         self.client_tls = Some(client);
+        self
+    }
+
+    /// Put a proxy on each member's peer port, so that a test can cut one member off from the
+    /// others while its clients still reach it ([`EtcdCluster::isolate`]).
+    pub fn peer_proxies(mut self, on: bool) -> Self {
+        self.peer_proxies = on;
         self
     }
 
@@ -152,12 +164,25 @@ impl EtcdClusterBuilder {
         let dir = tempfile::Builder::new()
             .prefix(&format!("{DIR_PREFIX}{}-", std::process::id()))
             .tempdir()?;
+        let isolation = Isolation::new();
         let mut members = Vec::with_capacity(self.members);
+        let mut peer_proxies = Vec::new();
         for i in 0..self.members {
+            let peer_listen_port = free_port()?;
+            let peer_port = if self.peer_proxies {
+                let target = ([127, 0, 0, 1], peer_listen_port).into();
+                let proxy = PeerProxy::start(i, target, isolation.clone()).await?;
+                let port = proxy.port();
+                peer_proxies.push(proxy);
+                port
+            } else {
+                peer_listen_port
+            };
             members.push(Member {
                 name: format!("m{i}"),
                 client_port: free_port()?,
-                peer_port: free_port()?,
+                peer_port,
+                peer_listen_port,
                 child: Mutex::new(None),
             });
         }
@@ -172,12 +197,17 @@ impl EtcdClusterBuilder {
             members,
             builder: self,
             limits,
+            isolation,
+            _peer_proxies: peer_proxies,
         };
         for i in 0..cluster.members.len() {
             cluster.spawn(i, true)?;
         }
         for i in 0..cluster.members.len() {
             cluster.wait_ready(i, Duration::from_secs(30)).await?;
+        }
+        if cluster.builder.peer_proxies {
+            cluster.learn_member_ids().await?;
         }
         Ok(cluster)
     }
@@ -187,7 +217,10 @@ impl EtcdClusterBuilder {
 struct Member {
     name: String,
     client_port: u16,
+    /// The peer port the member advertises (its proxy's, with peer proxies).
     peer_port: u16,
+    /// The peer port the member listens on.
+    peer_listen_port: u16,
     child: Mutex<Option<Child>>,
 }
 
@@ -211,6 +244,8 @@ pub struct EtcdCluster {
     members: Vec<Member>,
     builder: EtcdClusterBuilder,
     limits: Limits,
+    isolation: Isolation,
+    _peer_proxies: Vec<PeerProxy>,
 }
 
 impl EtcdCluster {
@@ -223,6 +258,7 @@ impl EtcdCluster {
             extra_args: Vec::new(),
             server_tls: None,
             client_tls: None,
+            peer_proxies: false,
         }
     }
 
@@ -325,7 +361,7 @@ impl EtcdCluster {
             .arg("--advertise-client-urls")
             .arg(&client)
             .arg("--listen-peer-urls")
-            .arg(peer(m))
+            .arg(format!("http://127.0.0.1:{}", m.peer_listen_port))
             .arg("--initial-advertise-peer-urls")
             .arg(peer(m))
             .arg("--initial-cluster")
@@ -514,6 +550,148 @@ impl EtcdCluster {
         leader
     }
 
+    /// A client of member `i` alone, for the harness's own requests.
+    async fn admin(&self, i: usize) -> Result<etcd_client::Client, HarnessError> {
+        let options = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_timeout(Duration::from_secs(10));
+        etcd_client::Client::connect([self.endpoint(i)], Some(options))
+            .await
+            .map_err(|e| HarnessError::Admin(format!("connect to member {i}: {e}")))
+    }
+
+    /// The first member that is running and answers, with a client of it.
+    async fn any_admin(&self, except: Option<usize>) -> Result<etcd_client::Client, HarnessError> {
+        let mut last = HarnessError::Admin("no member runs".into());
+        for i in (0..self.members.len()).filter(|i| Some(*i) != except && !self.exited(*i)) {
+            match self.admin(i).await {
+                Ok(c) => return Ok(c),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    /// The members' ids by index, as etcd lists them (a member added but not started yet has
+    /// no name and is left out).
+    async fn member_ids(&self) -> Result<Vec<(usize, u64)>, HarnessError> {
+        let mut client = self.any_admin(None).await?;
+        let list = client
+            .member_list()
+            .await
+            .map_err(|e| HarnessError::Admin(format!("member list: {e}")))?;
+        Ok(list
+            .members()
+            .iter()
+            .filter_map(|m| {
+                let i = self.members.iter().position(|x| x.name == m.name())?;
+                Some((i, m.id()))
+            })
+            .collect())
+    }
+
+    async fn learn_member_ids(&self) -> Result<(), HarnessError> {
+        for (i, id) in self.member_ids().await? {
+            self.isolation.learn(id, i);
+        }
+        Ok(())
+    }
+
+    /// Cuts member `i` off from the other members (a peer partition), while clients still
+    /// reach it: it loses its leader (or, as leader, its followers), answers `no leader` to
+    /// requests that require one, and holds writes and linearizable reads. Needs
+    /// [`EtcdClusterBuilder::peer_proxies`].
+    ///
+    /// # Panics
+    /// If the cluster was built without peer proxies.
+    pub fn isolate(&self, i: usize) {
+        assert!(
+            self.builder.peer_proxies,
+            "EtcdCluster::isolate needs EtcdClusterBuilder::peer_proxies(true)"
+        );
+        self.isolation.set(Some(i));
+    }
+
+    /// Ends a peer partition made by [`isolate`](Self::isolate).
+    pub fn rejoin(&self) {
+        self.isolation.set(None);
+    }
+
+    /// Kills every member, then starts them all again on their data (a full cluster restart,
+    /// as after a power cut), and waits until each is ready.
+    pub async fn restart_all(&self) -> Result<(), HarnessError> {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+        for i in 0..self.members.len() {
+            self.spawn(i, false)?;
+        }
+        for i in 0..self.members.len() {
+            self.wait_ready(i, Duration::from_secs(30)).await?;
+        }
+        Ok(())
+    }
+
+    /// Replaces member `i` as an operator replaces a failed machine: removes it from the
+    /// cluster, kills it, wipes its data, adds it back under the same name and peer URL (a new
+    /// member id), starts it empty, and waits until it has caught up and serves reads.
+    pub async fn replace(&self, i: usize) -> Result<(), HarnessError> {
+        let old = self
+            .member_ids()
+            .await?
+            .into_iter()
+            .find(|(x, _)| *x == i)
+            .map(|(_, id)| id)
+            .ok_or_else(|| HarnessError::Admin(format!("member {i} is not in the cluster")))?;
+        let admin = self.any_admin(Some(i)).await?;
+        reconfigure(format!("remove member {i}"), || {
+            let mut admin = admin.clone();
+            async move { admin.member_remove(old).await }
+        })
+        .await?;
+        self.kill(i);
+        let data = self.dir.path().join(&self.members[i].name);
+        if data.exists() {
+            std::fs::remove_dir_all(&data)?;
+        }
+        let url = format!("http://127.0.0.1:{}", self.members[i].peer_port);
+        let added = reconfigure(format!("add member {i} back"), || {
+            let (mut admin, url) = (admin.clone(), url.clone());
+            async move { admin.member_add([url], None).await }
+        })
+        .await?;
+        if let Some(m) = added.member() {
+            self.isolation.learn(m.id(), i);
+        }
+        self.spawn(i, false)?;
+        self.wait_ready(i, Duration::from_secs(30)).await
+    }
+
+    /// Asks the raft leader to hand leadership to member `to` (as `etcdctl move-leader`
+    /// does). Returns whether it moved; `Ok(false)` when `to` already leads.
+    pub async fn move_leader(&self, to: usize) -> Result<bool, HarnessError> {
+        let leader = self
+            .leader()
+            .await
+            .ok_or_else(|| HarnessError::Admin("no leader to move".into()))?;
+        if leader == to {
+            return Ok(false);
+        }
+        let target = self
+            .member_ids()
+            .await?
+            .into_iter()
+            .find(|(x, _)| *x == to)
+            .map(|(_, id)| id)
+            .ok_or_else(|| HarnessError::Admin(format!("member {to} is not in the cluster")))?;
+        self.admin(leader)
+            .await?
+            .move_leader(target)
+            .await
+            .map_err(|e| HarnessError::Admin(format!("move leader to member {to}: {e}")))?;
+        Ok(true)
+    }
+
     /// Compacts the store at `revision` (as `etcdctl compact` does).
     pub async fn compact(&self, revision: coord_api::Revision) -> coord_api::Result<()> {
         self.store().await.compact(revision).await
@@ -522,6 +700,29 @@ impl EtcdCluster {
     /// Revokes a lease from outside the client that holds it (as `etcdctl lease revoke` does).
     pub async fn revoke(&self, lease: LeaseId) -> coord_api::Result<coord_api::Revision> {
         self.store().await.revoke(lease).await
+    }
+}
+
+/// A membership change, tried again while etcd refuses it as unsafe: with its default strict
+/// reconfiguration check, etcd refuses a change until the members that would remain have been
+/// connected to each other for 5 s, which a cluster that just started or lost a member has not.
+async fn reconfigure<T, F, Fut>(what: String, mut change: F) -> Result<T, HarnessError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let start = Instant::now();
+    loop {
+        match change().await {
+            Ok(v) => return Ok(v),
+            Err(e)
+                if e.to_string().contains("unhealthy cluster")
+                    && start.elapsed() < Duration::from_secs(15) =>
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(HarnessError::Admin(format!("{what}: {e}"))),
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! Real etcd for tests: [`EtcdCluster`] starts etcd processes on free loopback ports (one
 //! member or several), and controls them (kill -9, restart on the same data, SIGSTOP and
-//! SIGCONT, find and kill the leader, compact, revoke); [`TcpProxy`] sits between a client and
+//! SIGCONT, find and kill the leader, move leadership, cut a member off from its peers, restart
+//! them all, replace a member, compact, revoke); [`TcpProxy`] sits between a client and
 //! a member to partition them (blackhole, reset, delay).
 //!
 //! Tests that use it need the `etcd` binary: `ETCD_BIN`, or `etcd` on `PATH` (Debian's
@@ -11,6 +12,7 @@
 //! under util-linux's `setpriv --pdeathsig KILL` (see `tied.rs`).
 
 mod cluster;
+mod peer_proxy;
 mod proxy;
 mod tied;
 

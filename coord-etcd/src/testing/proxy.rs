@@ -35,9 +35,9 @@ pub struct TcpProxy {
 /// The proxy's mode, and a generation that every open connection was born in: bumping it
 /// closes them, whatever the mode is by the time they look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct State {
-    mode: ProxyMode,
-    generation: u64,
+pub(super) struct State {
+    pub(super) mode: ProxyMode,
+    pub(super) generation: u64,
 }
 
 impl TcpProxy {
@@ -56,9 +56,10 @@ impl TcpProxy {
                     continue;
                 }
                 let modes = modes.clone();
+                let born = modes.borrow().generation;
                 tokio::spawn(async move {
                     if let Ok(outbound) = TcpStream::connect(target).await {
-                        relay(inbound, outbound, modes).await;
+                        relay(inbound, outbound, modes, born).await;
                     }
                 });
             }
@@ -116,11 +117,12 @@ impl Drop for TcpProxy {
     }
 }
 
-async fn relay(a: TcpStream, b: TcpStream, modes: watch::Receiver<State>) {
+/// Relays between `a` and `b` until either ends, or the generation moves past `born`.
+pub(super) async fn relay(a: TcpStream, b: TcpStream, modes: watch::Receiver<State>, born: u64) {
     let (ar, aw) = a.into_split();
     let (br, bw) = b.into_split();
-    let up = pump(ar, bw, modes.clone());
-    let down = pump(br, aw, modes);
+    let up = pump(ar, bw, modes.clone(), born);
+    let down = pump(br, aw, modes, born);
     // Either direction ending (EOF, error or reset) ends the connection.
     tokio::select! {
         _ = up => {}
@@ -143,8 +145,8 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut modes: watch::Receiver<State>,
+    born: u64,
 ) {
-    let born = modes.borrow().generation;
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
     let reader = async move {
         let mut buf = vec![0u8; 16 * 1024];
