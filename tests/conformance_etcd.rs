@@ -8,7 +8,10 @@ use std::sync::Arc;
 use coord_api::testkit::{Case, Ctx, Harness};
 use coord_etcd::testing::EtcdCluster;
 
-struct EtcdHarness;
+struct EtcdHarness {
+    /// Run each case through a namespace of the store.
+    namespace: Option<&'static str>,
+}
 
 impl Harness for EtcdHarness {
     fn run(&self, case: &Case) {
@@ -22,10 +25,22 @@ impl Harness for EtcdHarness {
                 .await
                 .unwrap_or_else(|e| panic!("cannot start etcd for {}: {e}", case.name));
             let store = cluster.store().await;
-            let cx = Ctx::new(Arc::new(store), format!("conformance/{}/", case.name));
+            let mut cx = Ctx::new(Arc::new(store), format!("conformance/{}/", case.name));
+            if let Some(ns) = self.namespace {
+                cx = cx.in_namespace(ns).await;
+            }
             (case.run)(cx).await;
         });
     }
 }
 
-coord_api::conformance_tests!(EtcdHarness);
+coord_api::conformance_tests!(EtcdHarness { namespace: None });
+
+/// Every case again, through a namespace (`Namespaced`).
+mod namespaced {
+    use super::*;
+
+    coord_api::conformance_tests!(EtcdHarness {
+        namespace: Some("tenant/")
+    });
+}

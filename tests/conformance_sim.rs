@@ -9,6 +9,8 @@ use coord_sim::{SimConfig, SimStore};
 /// Runs each case on its own store, so every case is exclusive.
 struct SimHarness {
     seed: u64,
+    /// Run each case through a namespace of the store.
+    namespace: Option<&'static str>,
 }
 
 impl SimHarness {
@@ -19,7 +21,10 @@ impl SimHarness {
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(0x5eed);
-        SimHarness { seed }
+        SimHarness {
+            seed,
+            namespace: None,
+        }
     }
 }
 
@@ -33,10 +38,23 @@ impl Harness for SimHarness {
         let seed = self.seed;
         rt.block_on(async move {
             let store = SimStore::with_config(SimConfig::default().with_seed(seed));
-            let cx = Ctx::new(Arc::new(store), format!("conformance/{}/", case.name));
+            let mut cx = Ctx::new(Arc::new(store), format!("conformance/{}/", case.name));
+            if let Some(ns) = self.namespace {
+                cx = cx.in_namespace(ns).await;
+            }
             (case.run)(cx).await;
         });
     }
 }
 
 coord_api::conformance_tests!(SimHarness::new());
+
+/// Every case again, through a namespace (`Namespaced`).
+mod namespaced {
+    use super::*;
+
+    coord_api::conformance_tests!(SimHarness {
+        namespace: Some("tenant/"),
+        ..SimHarness::new()
+    });
+}

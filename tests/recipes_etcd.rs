@@ -128,6 +128,26 @@ fn run(case: Case) {
 
 coord_api::recipe_tests!(run);
 
+/// Every case again, through a namespace (`Namespaced`).
+mod namespaced {
+    use super::*;
+    use coord_api::testkit::recipes::InNamespace;
+
+    fn run(case: Case) {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        rt.block_on(async {
+            let fx = EtcdFixture::start().await;
+            case(&InNamespace::new(fx, "tenant/")).await;
+        });
+    }
+
+    coord_api::recipe_tests!(run);
+}
+
 // ---- figures ------------------------------------------------------------------------------
 
 const TTL: Duration = Duration::from_secs(2);

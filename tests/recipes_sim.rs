@@ -84,3 +84,25 @@ fn run(case: Case) {
 }
 
 coord_api::recipe_tests!(run);
+
+/// Every case again, through a namespace (`Namespaced`).
+mod namespaced {
+    use super::*;
+    use coord_api::testkit::recipes::InNamespace;
+
+    fn run(case: Case) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .expect("a runtime");
+        rt.block_on(async {
+            let fx = SimFixture {
+                sim: SimStore::new(),
+            };
+            case(&InNamespace::new(fx, "tenant/")).await;
+        });
+    }
+
+    coord_api::recipe_tests!(run);
+}

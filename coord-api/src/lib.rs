@@ -59,6 +59,7 @@
 
 mod campaign;
 mod error;
+mod namespace;
 #[doc(hidden)]
 pub mod planted;
 pub mod recipes;
@@ -74,6 +75,7 @@ pub mod testkit;
 
 pub use campaign::{candidate_key, LeaderKey};
 pub use error::{BoxError, Error, ErrorClass, Result};
+pub use namespace::Namespaced;
 pub use request::{
     Compare, CompareOp, CompareTarget, DeleteRequest, DeleteResponse, GetRequest, GetResponse,
     LeaseGrant, LeaseTimeToLive, PutRequest, PutResponse, SortOrder, SortTarget, TxnOp,

@@ -73,6 +73,21 @@ impl Ctx {
         }
     }
 
+    /// The same case, run through a [`Namespaced`](crate::Namespaced) view of the store
+    /// under `namespace`. A decoy key is written first outside the namespace, at the case's
+    /// own prefix, where a case would trip on it if the namespace leaked.
+    pub async fn in_namespace(self, namespace: &str) -> Ctx {
+        use crate::KvLeaseStoreExt;
+        self.store
+            .put_value(self.key("~outside-the-namespace"), "decoy")
+            .await
+            .expect("write the decoy key");
+        Ctx {
+            store: Arc::new(crate::Namespaced::new(self.store, namespace)),
+            prefix: self.prefix,
+        }
+    }
+
     /// The store under test, used through `Arc<dyn KvLeaseStore>` (object safety exercised,
     /// not assumed).
     pub fn store(&self) -> &Arc<DynKvLeaseStore> {

@@ -76,3 +76,59 @@ pub trait Fixture: Send + Sync {
     /// Offsets (ms) at which to land a `stop()` inside a heal.
     fn stop_offsets(&self) -> Vec<u64>;
 }
+
+/// A backend's fixture seen through a namespace ([`Namespaced`](crate::Namespaced)): every
+/// store handle it gives out, the clients' included, sees the store under `prefix`, so the
+/// recipe cases run through the wrapper.
+#[derive(Debug)]
+pub struct InNamespace<F> {
+    inner: F,
+    prefix: String,
+}
+
+impl<F: Fixture> InNamespace<F> {
+    /// `inner`'s store, seen under `prefix`.
+    pub fn new(inner: F, prefix: impl Into<String>) -> Self {
+        InNamespace {
+            inner,
+            prefix: prefix.into(),
+        }
+    }
+
+    fn wrap(&self, store: Arc<DynKvLeaseStore>) -> Arc<DynKvLeaseStore> {
+        Arc::new(crate::Namespaced::new(store, self.prefix.clone()))
+    }
+}
+
+#[async_trait::async_trait]
+impl<F: Fixture> Fixture for InNamespace<F> {
+    fn store(&self) -> Arc<DynKvLeaseStore> {
+        self.wrap(self.inner.store())
+    }
+
+    async fn client(&self) -> Client {
+        let mut client = self.inner.client().await;
+        client.store = self.wrap(client.store);
+        client
+    }
+
+    fn ttl(&self) -> Duration {
+        self.inner.ttl()
+    }
+
+    fn request_timeout(&self) -> Duration {
+        self.inner.request_timeout()
+    }
+
+    fn slack(&self) -> Duration {
+        self.inner.slack()
+    }
+
+    async fn slow_store(&self) -> Arc<DynKvLeaseStore> {
+        self.wrap(self.inner.slow_store().await)
+    }
+
+    fn stop_offsets(&self) -> Vec<u64> {
+        self.inner.stop_offsets()
+    }
+}

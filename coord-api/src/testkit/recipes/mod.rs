@@ -24,7 +24,7 @@ pub mod session;
 mod support;
 pub mod watcher;
 
-pub use fixture::{Client, Control, Fixture};
+pub use fixture::{Client, Control, Fixture, InNamespace};
 
 /// A case, as the generated tests hand it to a backend's runner.
 pub type Case =
