@@ -215,6 +215,111 @@ async fn coord_and_etcdctl_elect_share_one_queue() {
     store.resign(&leader).await.unwrap();
 }
 
+/// `etcdctl lock` (etcd's Go `concurrency.Mutex`) and coord's `Mutex` on one name exclude each
+/// other, both ways: while etcdctl holds it coord cannot take it and queues; once etcdctl lets
+/// go coord gets it; while coord holds it etcdctl queues and says nothing; once coord unlocks,
+/// etcdctl gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coord_and_etcdctl_lock_exclude_each_other() {
+    use coord_api::recipes::{Mutex, Session, SessionConfig};
+    use tokio::io::AsyncBufReadExt;
+
+    let cluster = EtcdCluster::single()
+        .await
+        .unwrap_or_else(|e| panic!("cannot start etcd: {e}"));
+    let endpoint = cluster.endpoint(0);
+    let store: Arc<DynKvLeaseStore> = Arc::new(cluster.store().await);
+    // `etcdctl lock NAME` prints the key once it holds the lock, and holds it until stopped.
+    let go_lock = || {
+        let mut child = tokio::process::Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args([
+                "--endpoints",
+                &endpoint,
+                "lock",
+                "--ttl",
+                "5",
+                "shared-lock",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("etcdctl (Debian: etcd-client) must be installed");
+        let lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        (child, lines)
+    };
+    let session = Session::new(
+        store.clone(),
+        SessionConfig::default().with_ttl(Duration::from_secs(5)),
+    )
+    .await
+    .unwrap();
+    let lock = Mutex::new(&session, "shared-lock");
+
+    // etcdctl first.
+    let (mut go, mut go_says) = go_lock();
+    let go_key = within(PROMPT, "etcdctl to hold the lock", go_says.next_line())
+        .await
+        .unwrap()
+        .expect("etcdctl printed its key");
+    assert!(go_key.starts_with("shared-lock/"), "{go_key}");
+    assert!(
+        lock.try_lock().await.unwrap().is_none(),
+        "coord took a lock etcdctl holds"
+    );
+    let waiting = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.lock().await })
+    };
+    eventually(PROMPT, "coord to queue behind etcdctl", || async {
+        store.get_prefix("shared-lock/").await.unwrap().count == 2
+    })
+    .await;
+    assert!(
+        !waiting.is_finished(),
+        "coord holds the lock while etcdctl does"
+    );
+    // SIGINT: etcdctl ends its session, deleting its key, as an operator's Ctrl-C would.
+    Command::new("kill")
+        .args(["-INT", &go.id().unwrap().to_string()])
+        .status()
+        .unwrap();
+    let _ = go.wait().await;
+    let held = within(PROMPT, "coord to get the lock etcdctl let go", waiting)
+        .await
+        .unwrap()
+        .unwrap();
+
+    // coord first.
+    let (mut go, mut go_says) = go_lock();
+    eventually(PROMPT, "etcdctl to queue behind coord", || async {
+        store.get_prefix("shared-lock/").await.unwrap().count == 2
+    })
+    .await;
+    assert!(held.is_held());
+    let early = tokio::time::timeout(Duration::from_millis(500), go_says.next_line()).await;
+    assert!(
+        early.is_err(),
+        "etcdctl said it holds the lock while coord does: {early:?}"
+    );
+    held.unlock().await.unwrap();
+    let go_key = within(
+        PROMPT,
+        "etcdctl to get the lock coord released",
+        go_says.next_line(),
+    )
+    .await
+    .unwrap()
+    .expect("etcdctl printed its key");
+    assert!(go_key.starts_with("shared-lock/"), "{go_key}");
+    assert!(
+        lock.try_lock().await.unwrap().is_none(),
+        "coord took a lock etcdctl holds"
+    );
+    go.kill().await.unwrap();
+}
+
 /// A store built on an existing tonic channel works like one built from endpoints.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_can_run_on_a_given_channel() {

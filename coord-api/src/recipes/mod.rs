@@ -8,6 +8,7 @@
 //! | [`ClusterWatcher`] | the hosts under a prefix: a view and HostUp/HostDown, gap-free across compaction |
 //! | [`Election`] / [`Leadership`] | leader election with a fencing token and a loss signal |
 //! | [`ElectionPool`] | many elections on one self-replacing session |
+//! | [`Mutex`] / [`MutexGuard`] | a lock with a fencing token, sharing etcd's Go and `etcdctl lock` layout |
 //!
 //! Every recipe logs its lifecycle with `tracing` (registered, healed, lost, leader acquired
 //! and lost, watcher resynced) and never installs a subscriber.
@@ -18,6 +19,7 @@ mod candidate;
 mod election;
 pub(crate) mod follow;
 mod host;
+mod mutex;
 mod pool;
 mod registration;
 pub(crate) mod retry;
@@ -28,6 +30,7 @@ mod watcher;
 pub use candidate::{Candidate, CandidateConfig, CandidateStatus, Term};
 pub use election::{Election, Fence, Leadership, LossReason};
 pub use host::{HostSession, HostSessionStats};
+pub use mutex::{Mutex, MutexGuard};
 pub use pool::{ElectionPool, PoolStats};
 pub use registration::{
     HostRegistration, RegistrationConfig, RegistrationHealth, RegistrationStatus,

@@ -1,6 +1,6 @@
 //! The recipes' promises, each a named case, written once and run on every backend: the
 //! recipes (`Session`, `HostSession`, `HostRegistration`, `ClusterWatcher`, `Election`,
-//! `ElectionPool`, `Candidate`) on the backend's store, under the faults its [`Fixture`] can
+//! `ElectionPool`, `Candidate`, `Mutex`) on the backend's store, under the faults its [`Fixture`] can
 //! make (streams closed, a client cut off, requests delayed). A third-party backend runs them
 //! as coord's own do, with one line:
 //!
@@ -18,6 +18,7 @@ pub mod candidate;
 pub mod election;
 pub mod fixture;
 pub mod host;
+pub mod mutex;
 pub mod pool;
 pub mod registration;
 pub mod session;
@@ -69,6 +70,9 @@ macro_rules! recipe_tests {
             candidate::a_candidate_hands_over_only_once_its_work_stopped,
             candidate::a_cut_off_candidate_stops_its_work_before_anyone_else_leads,
             candidate::a_candidate_rests_between_terms_and_counts_them,
+            mutex::mutex_excludes_and_hands_over_in_queue_order,
+            mutex::mutex_guard_dropped_unlocks,
+            mutex::mutex_holder_whose_key_is_deleted_is_fenced_out,
         );
     };
     (@ $run:ident; $($module:ident :: $case:ident),* $(,)?) => {

@@ -1,0 +1,224 @@
+//! [`Mutex`]: a distributed lock on a [`Session`](super::Session), with a fencing token.
+//!
+//! etcd's Go `concurrency.Mutex` and `concurrency.Election` share one algorithm and one key
+//! layout: a key `<name>/<lease hex>` under the session's lease, queued by create revision,
+//! each waiter waiting for the key just before it to go. So a lock is an election whose
+//! candidates carry no value, and this one is coord's [`Election`] underneath: what it
+//! promises (a holder is never handed a key that is already gone, a dropped wait leaves no
+//! key behind, a holder's belief ends no later than the store could hand the lock on) holds
+//! here too, and coord, Go programs and `etcdctl lock` exclude each other on one name.
+//!
+//! A lock held across a process pause or a partition can outlive its holder's belief on the
+//! store side; the guard's fencing token is what keeps such a holder's writes out: write
+//! through [`MutexGuard::txn`] (or [`MutexGuard::fenced`]) and the store refuses a write once
+//! the lock may have passed on.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::election::{Election, Fence, Leadership, LossReason};
+use super::session::SessionHandle;
+use crate::campaign::LeaderKey;
+use crate::error::{Error, Result};
+use crate::request::{Compare, TxnRequest, TxnResponse};
+use crate::types::{KeyValue, Revision};
+
+/// A named lock, taken under one session's lease.
+///
+/// ```
+/// # async fn run(store: std::sync::Arc<coord_api::DynKvLeaseStore>) -> coord_api::Result<()> {
+/// use coord_api::recipes::{Mutex, Session, SessionConfig};
+/// use coord_api::{PutRequest, TxnRequest};
+///
+/// let session = Session::new(store, SessionConfig::default()).await?;
+/// let lock = Mutex::new(&session, "locks/report");
+/// let guard = lock.lock().await?;
+/// // Writes through the guard are refused by the store once the lock may have passed on.
+/// guard
+///     .txn(TxnRequest::new().and_then([PutRequest::new("reports/today", "done")]))
+///     .await?;
+/// guard.unlock().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Mutex {
+    election: Election,
+}
+
+impl Mutex {
+    /// The lock `name`, under `session`'s lease (a [`&Session`](super::Session) or a
+    /// [`SessionHandle`]). Its keys are `name/<lease hex>`, as with Go's `NewMutex(s, name)`
+    /// and `etcdctl lock name`.
+    pub fn new(session: impl Into<SessionHandle>, name: impl Into<String>) -> Self {
+        Mutex {
+            election: Election::new(session, name),
+        }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.election.name()
+    }
+
+    /// Waits until this session holds the lock.
+    ///
+    /// Dropping the future stops waiting and deletes the waiter's key. Locking again under a
+    /// session that already holds the lock returns it again (same key, same token).
+    ///
+    /// # Errors
+    /// [`Error::CandidacyLost`] when the session ends or the waiter's key is deleted while
+    /// waiting; whatever the store fails with.
+    pub async fn lock(&self) -> Result<MutexGuard> {
+        let held = self.election.campaign(Bytes::new()).await?;
+        tracing::info!(lock = %self.name(), token = %held.token(), "lock acquired");
+        Ok(MutexGuard::new(held))
+    }
+
+    /// Waits at most `timeout` for the lock.
+    ///
+    /// # Errors
+    /// [`Error::Cancelled`] when the time runs out (the waiter's key is deleted); otherwise as
+    /// [`lock`](Self::lock).
+    pub async fn lock_timeout(&self, timeout: Duration) -> Result<MutexGuard> {
+        match tokio::time::timeout(timeout, self.lock()).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Cancelled { operation: "lock" }),
+        }
+    }
+
+    /// Takes the lock if nobody holds it or waits for it, in one transaction; never waits
+    /// and never queues. `Ok(None)` when someone else holds it.
+    ///
+    /// # Errors
+    /// Whatever the store fails with.
+    pub async fn try_lock(&self) -> Result<Option<MutexGuard>> {
+        let held = self.election.try_campaign(Bytes::new()).await?;
+        if let Some(h) = &held {
+            tracing::info!(lock = %self.name(), token = %h.token(), "lock acquired (try)");
+        }
+        Ok(held.map(MutexGuard::new))
+    }
+
+    /// The holder's key (`name/<lease hex>`), or `None` when the lock is free.
+    ///
+    /// # Errors
+    /// Whatever the store fails with.
+    pub async fn holder(&self) -> Result<Option<KeyValue>> {
+        match self.election.leader().await {
+            Ok(kv) => Ok(Some(kv)),
+            Err(Error::NoLeader { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// A held lock: its key, its fencing token, and a signal for when it is over.
+///
+/// Dropping the guard unlocks in the background (on the runtime it was dropped in);
+/// [`unlock`](Self::unlock) does it in the caller and says whether it worked. Either way the
+/// lock also ends with the session.
+#[must_use = "dropping the guard unlocks at once"]
+#[derive(Debug)]
+pub struct MutexGuard {
+    held: Option<Leadership>,
+}
+
+impl MutexGuard {
+    fn new(held: Leadership) -> Self {
+        MutexGuard { held: Some(held) }
+    }
+
+    fn held(&self) -> &Leadership {
+        self.held
+            .as_ref()
+            .expect("a guard holds its lock until it is consumed")
+    }
+
+    /// The fencing token: the lock key's create revision. Each new holder's is larger.
+    pub fn token(&self) -> Revision {
+        self.held().token()
+    }
+
+    /// The lock key (name, key, token, lease).
+    pub fn key(&self) -> &LeaderKey {
+        self.held().key()
+    }
+
+    /// The instant after which the lock must not be trusted (the session's deadline).
+    pub fn deadline(&self) -> Instant {
+        self.held().deadline()
+    }
+
+    /// True until the lock is known lost or its deadline passed.
+    pub fn is_held(&self) -> bool {
+        self.held().is_leader()
+    }
+
+    /// Resolves when the lock is over, with why: the session's deadline passed or it ended,
+    /// the key was deleted, or a fenced write was refused.
+    pub async fn lost(&self) -> LossReason {
+        self.held().lost().await
+    }
+
+    /// `txn` made conditional on still holding the lock; see [`Leadership::fenced`].
+    pub fn fenced(&self, txn: TxnRequest) -> TxnRequest {
+        self.held().fenced(txn)
+    }
+
+    /// The compare behind [`fenced`](Self::fenced), for building transactions by hand.
+    pub fn guard(&self) -> Compare {
+        self.held().guard()
+    }
+
+    /// A handle that runs transactions fenced by this lock, which a task can own.
+    pub fn fence(&self) -> Fence {
+        self.held().fence()
+    }
+
+    /// Runs `txn` only while this lock is held; see [`Fence::txn`].
+    ///
+    /// # Errors
+    /// [`Error::FencedOut`] when the store refuses it because the lock may have passed on
+    /// (the guard is then lost); whatever the store fails with.
+    pub async fn txn(&self, txn: TxnRequest) -> Result<TxnResponse> {
+        self.held().txn(txn).await
+    }
+
+    /// Releases the lock: deletes its key if it is still this one. Idempotent.
+    ///
+    /// # Errors
+    /// Whatever the delete fails with; the lock then ends with the session's lease.
+    pub async fn unlock(mut self) -> Result<()> {
+        let held = self
+            .held
+            .take()
+            .expect("a guard holds its lock until it is consumed");
+        let (name, token) = (held.key().name.clone(), held.token());
+        held.resign().await?;
+        tracing::info!(lock = %name, %token, "lock released");
+        Ok(())
+    }
+}
+
+impl Drop for MutexGuard {
+    fn drop(&mut self) {
+        let Some(held) = self.held.take() else {
+            return;
+        };
+        // Outside a runtime the key stays until the session ends; nothing can run the delete.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (name, token) = (held.key().name.clone(), held.token());
+            rt.spawn(async move {
+                match held.resign().await {
+                    Ok(()) => tracing::info!(lock = %name, %token, "lock released on drop"),
+                    Err(e) => tracing::warn!(
+                        lock = %name, %token, error = %e,
+                        "lock not released on drop; it ends with the session"
+                    ),
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! The cases of `Mutex` and `MutexGuard`.
+
+use crate::recipes::{LossReason, Mutex};
+use crate::testkit::{within, PROMPT};
+use crate::{Error, KvLeaseStoreExt, PutRequest, TxnRequest};
+
+use super::fixture::Fixture;
+use super::support::*;
+
+pub async fn mutex_excludes_and_hands_over_in_queue_order(fx: &dyn Fixture) {
+    let store = fx.store();
+    let (a, b, c) = (
+        session(fx, &store).await,
+        session(fx, &store).await,
+        session(fx, &store).await,
+    );
+    let first = Mutex::new(&a, "lock").lock().await.unwrap();
+    let b_lock = Mutex::new(&b, "lock");
+    let b_waits = tokio::spawn(async move { b_lock.lock().await });
+    crate::testkit::eventually(PROMPT, "b to queue", || async {
+        store.get_prefix("lock/").await.unwrap().count == 2
+    })
+    .await;
+    assert!(!b_waits.is_finished(), "b got the lock while a held it");
+    assert!(
+        Mutex::new(&c, "lock").try_lock().await.unwrap().is_none(),
+        "try_lock took a held lock"
+    );
+    assert_eq!(
+        store.get_prefix("lock/").await.unwrap().count,
+        2,
+        "try_lock queued a key"
+    );
+    let token = first.token();
+    first.unlock().await.unwrap();
+    let second = within(PROMPT, "b to get the lock", b_waits)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(second.token() > token, "tokens must grow");
+    assert_eq!(
+        Mutex::new(&a, "lock")
+            .holder()
+            .await
+            .unwrap()
+            .map(|kv| kv.key),
+        Some(second.key().key.clone())
+    );
+}
+
+pub async fn mutex_guard_dropped_unlocks(fx: &dyn Fixture) {
+    let store = fx.store();
+    let (a, b) = (session(fx, &store).await, session(fx, &store).await);
+    let guard = Mutex::new(&a, "lock")
+        .try_lock()
+        .await
+        .unwrap()
+        .expect("free");
+    drop(guard);
+    let _held = within(
+        PROMPT,
+        "b to get the dropped lock",
+        Mutex::new(&b, "lock").lock(),
+    )
+    .await
+    .unwrap();
+}
+
+pub async fn mutex_holder_whose_key_is_deleted_is_fenced_out(fx: &dyn Fixture) {
+    let store = fx.store();
+    let (a, b) = (session(fx, &store).await, session(fx, &store).await);
+    let old = Mutex::new(&a, "lock").lock().await.unwrap();
+    // An operator deletes the key: the lock passes on while the old holder may not know yet.
+    store.delete_key(old.key().key.to_vec()).await.unwrap();
+    let new = within(PROMPT, "b to get the lock", Mutex::new(&b, "lock").lock())
+        .await
+        .unwrap();
+    let write = TxnRequest::new().and_then([PutRequest::new("locked/by", "a")]);
+    let err = old.txn(write).await.unwrap_err();
+    assert!(matches!(err, Error::FencedOut { .. }), "{err:?}");
+    assert!(!old.is_held());
+    assert!(matches!(
+        old.lost().await,
+        LossReason::KeyDeleted | LossReason::FencedOut
+    ));
+    new.txn(TxnRequest::new().and_then([PutRequest::new("locked/by", "b")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .get_key("locked/by")
+            .await
+            .unwrap()
+            .unwrap()
+            .value_str(),
+        "b"
+    );
+}
