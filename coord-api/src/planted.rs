@@ -56,11 +56,14 @@ pub enum Bug {
     /// A candidate that loses its term campaigns again without waiting for the term's work
     /// to stop: the old term's work runs on beside the next one's. Caught by W1.
     CandidateSkipsWorkWait,
+    /// `try_lock` (and `try_campaign`) takes the lock when its own key is absent, instead of
+    /// when no key at all is queued: it walks past the holder. Caught by S2 and the fence (S1).
+    TryLockIgnoresTheQueue,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 14] = [
+    pub const ALL: [Bug; 15] = [
         Bug::CampaignSkipsOwnKeyCheck,
         Bug::WatcherResumesFromNow,
         Bug::WatcherIgnoresCompaction,
@@ -75,6 +78,7 @@ impl Bug {
         Bug::RegrantOnClosedStream,
         Bug::WatcherEmitsBeforePublish,
         Bug::CandidateSkipsWorkWait,
+        Bug::TryLockIgnoresTheQueue,
     ];
 
     /// A stable name for command lines and reports.
@@ -94,6 +98,7 @@ impl Bug {
             Bug::RegrantOnClosedStream => "regrant-on-closed-stream",
             Bug::WatcherEmitsBeforePublish => "watcher-emits-before-publish",
             Bug::CandidateSkipsWorkWait => "candidate-skips-work-wait",
+            Bug::TryLockIgnoresTheQueue => "try-lock-ignores-the-queue",
         }
     }
 

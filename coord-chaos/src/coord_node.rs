@@ -1,8 +1,9 @@
 //! coord's own service: each node holds one lease (a `HostSession`), registers itself under
 //! it (and changes its metadata now and then), runs a `Candidate` in every election on it
-//! whose work writes through the fence while it leads, and (on the first nodes) follows the
-//! cluster. Every belief and output is recorded as it changes; every consumer reads the
-//! recipe's state at each event it gets and records what disagrees. The `stop` fault stops
+//! whose work writes through the fence while it leads, takes a shared lock now and then
+//! (`coord_locker`), and (on the first nodes) follows the cluster. Every belief and output is
+//! recorded as it changes; every consumer reads the recipe's state at each event it gets and
+//! records what disagrees. The `stop` fault stops
 //! one of its parts for a while: the registration, the pool, a candidate.
 
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::check::{self, FencedWrites, Invariant};
+use crate::coord_locker::{locker, LOCK, LOCK_WORK_PREFIX};
 use crate::history::{Emitted, Happening, Outcome, Part};
 use crate::keys::{election_name, host_key, metadata, work_key, HOSTS};
 use crate::rng::Rng;
@@ -49,6 +51,9 @@ impl Service for CoordService {
                 std::str::from_utf8(v).ok()?.parse().ok()
             })));
         }
+        all.push(Box::new(FencedWrites::new(LOCK, LOCK_WORK_PREFIX, |v| {
+            std::str::from_utf8(v).ok()?.parse().ok()
+        })));
         all
     }
 }
@@ -114,7 +119,8 @@ async fn run(node: Node) {
     }
     node.record(Happening::Stopping(node.who()));
     let mut clean = true;
-    // The candidates resign first, then the registration's key goes, then the host's lease.
+    // The candidates and the lock holder let go first, then the registration's key goes,
+    // then the host's lease.
     if let Some(p) = pool {
         clean &= p.stop().await.is_ok();
     }
@@ -354,6 +360,8 @@ fn emitted(e: ClusterEvent) -> Emitted {
 /// The node's election pool, on the host's session, and a candidate per election.
 struct Pool {
     pool: ElectionPool,
+    /// The lock part (`coord_locker`), stopped with the candidates.
+    lock: JoinSet<coord_api::Result<()>>,
     loops: JoinSet<()>,
     stop: CancellationToken,
     /// Per election: resign now, then wait this long before campaigning again.
@@ -381,8 +389,12 @@ impl Pool {
                 .in_current_span(),
             );
         }
+        // In a set of its own: dropped with the pool (a crash), it is aborted.
+        let mut lock = JoinSet::new();
+        lock.spawn(locker(node.clone(), host.clone(), rng.fork(), stop.clone()).in_current_span());
         Pool {
             pool,
+            lock,
             loops,
             stop,
             resign,
@@ -401,7 +413,12 @@ impl Pool {
     async fn stop(mut self) -> coord_api::Result<()> {
         self.stop.cancel();
         while self.loops.join_next().await.is_some() {}
-        self.pool.stop().await
+        let lock = self.lock.join_next().await;
+        let pool = self.pool.stop().await;
+        match lock {
+            Some(Ok(Err(e))) => Err(e),
+            _ => pool,
+        }
     }
 }
 

@@ -86,6 +86,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod check;
+mod coord_locker;
 mod coord_node;
 mod driver;
 mod fault;

@@ -110,7 +110,7 @@ fn seeded_runs_of_the_default_scenario_hold_every_invariant() {
 
 /// Every seed that ever failed, outside the range the test above runs, replayed on every CI
 /// run so that a fixed bug stays fixed.
-const REGRESSION_SEEDS: [u64; 14] = [
+const REGRESSION_SEEDS: [u64; 37] = [
     // A stop during a heal returned Ok and left the key under an abandoned lease (L7).
     1266,
     // A campaign's withdrawal, retried until it landed, deleted the node's next leader key
@@ -129,6 +129,13 @@ const REGRESSION_SEEDS: [u64; 14] = [
     // A read-only transaction's reply counted as a lost write reply in the simulator, where
     // etcd's adapter counts it a read (L6).
     2135,
+    // The node's lock part (new): its pool's stop returned before a lock key under a lease
+    // abandoned across a store restart was gone (L7).
+    570, 836, 911, 1103, 1804, 2051, 2255, 2461, 2498, 2556, 2561, 2936, 3291, 3494, 3918, 3936,
+    4218, 4239, 4766, 5060, 5141, 5241,
+    // The lock part's stop waited for a fenced write stuck behind a lost reply, and the old
+    // incarnation's registration healed its key beside the new one's meanwhile (S7).
+    8095,
 ];
 
 #[test]

@@ -133,7 +133,12 @@ impl Election {
             .txn(
                 TxnRequest::new()
                     .when([
-                        Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_prefix(),
+                        if crate::planted::enabled(crate::planted::Bug::TryLockIgnoresTheQueue) {
+                            Compare::create_revision(key.clone(), CompareOp::Equal, 0)
+                        } else {
+                            Compare::create_revision(prefix.clone(), CompareOp::Equal, 0)
+                                .with_prefix()
+                        },
                     ])
                     .and_then([PutRequest::new(key.clone(), value.to_vec()).with_lease(lease)])
                     .or_else([GetRequest::prefix(prefix)]),
@@ -455,6 +460,19 @@ impl Leadership {
         self.store.resign(&self.key).await?;
         tracing::info!(election = %self.key.name, token = %self.key.token, "leadership resigned");
         Ok(())
+    }
+}
+
+impl Leadership {
+    /// Ends the leadership and deletes its key in the background, in the session's turn for
+    /// this election: a campaign on the same lease that starts meanwhile calls the delete off
+    /// and takes the key over, or waits until it is done. Never a delete that lands under a
+    /// campaign that already rejoined the key.
+    pub(crate) fn withdraw_in_background(self) {
+        lose(&self.lost, LossReason::Resigned);
+        if let campaign::Cleanup::HandOff(withdraw) = self.session.cleanup(&self.key.name) {
+            withdraw(self.store.clone(), self.key.clone());
+        }
     }
 }
 

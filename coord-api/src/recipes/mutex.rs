@@ -116,7 +116,8 @@ impl Mutex {
 
 /// A held lock: its key, its fencing token, and a signal for when it is over.
 ///
-/// Dropping the guard unlocks in the background (on the runtime it was dropped in);
+/// Dropping the guard unlocks in the background (on the runtime it was dropped in, retrying
+/// until the key is gone; locking again on the same session meanwhile takes the key over);
 /// [`unlock`](Self::unlock) does it in the caller and says whether it worked. Either way the
 /// lock also ends with the session.
 #[must_use = "dropping the guard unlocks at once"]
@@ -204,21 +205,11 @@ impl MutexGuard {
 
 impl Drop for MutexGuard {
     fn drop(&mut self) {
-        let Some(held) = self.held.take() else {
-            return;
-        };
-        // Outside a runtime the key stays until the session ends; nothing can run the delete.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (name, token) = (held.key().name.clone(), held.token());
-            rt.spawn(async move {
-                match held.resign().await {
-                    Ok(()) => tracing::info!(lock = %name, %token, "lock released on drop"),
-                    Err(e) => tracing::warn!(
-                        lock = %name, %token, error = %e,
-                        "lock not released on drop; it ends with the session"
-                    ),
-                }
-            });
+        if let Some(held) = self.held.take() {
+            tracing::info!(lock = %held.key().name, token = %held.token(), "lock released on drop");
+            // In the session's turn: a lock() on the same session right after this drop
+            // takes the key over instead of racing its delete.
+            held.withdraw_in_background();
         }
     }
 }
