@@ -71,16 +71,18 @@ pub(crate) async fn campaign<S: KvLeaseStore + ?Sized>(
     value: Bytes,
     lease: LeaseId,
 ) -> Result<LeaderKey> {
-    campaign_with(store, name, value, lease, Cleanup::Once).await
+    campaign_with(store, name, value, lease, Cleanup::Once, 1).await
 }
 
-/// The campaign algorithm; see [`KvLeaseStore::campaign`].
+/// The campaign algorithm; see [`KvLeaseStore::campaign`]. With `seats` above one it is a
+/// semaphore's: the key wins once fewer than `seats` keys are older than it.
 pub(crate) async fn campaign_with<S: KvLeaseStore + ?Sized>(
     store: &S,
     name: &str,
     value: Bytes,
     lease: LeaseId,
     cleanup: Cleanup,
+    seats: usize,
 ) -> Result<LeaderKey> {
     validate::election_name(name)?;
     let key = candidate_key(name, lease);
@@ -135,7 +137,12 @@ pub(crate) async fn campaign_with<S: KvLeaseStore + ?Sized>(
 
     guard.leader = leader.clone();
     tracing::debug!(election = name, key = %String::from_utf8_lossy(&leader.key), token = %leader.token, "campaign queued");
-    match wait_for_turn(store, &leader).await {
+    let waited = if seats > 1 {
+        wait_for_seat(store, &leader, seats).await
+    } else {
+        wait_for_turn(store, &leader).await
+    };
+    match waited {
         Ok(()) => {
             guard.disarm();
             tracing::debug!(election = name, token = %leader.token, "campaign won");
@@ -231,6 +238,108 @@ async fn wait_for_turn<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) 
                 return Err(lost(leader));
             }
             _ = theirs.until_gone(|kv| kv.create_revision == theirs_created) => {}
+        }
+    }
+}
+
+/// Where a queued key stands, from one consistent read.
+pub(crate) enum Seat {
+    /// The key is gone, or is not the one this campaign created.
+    Lost,
+    /// Fewer than `seats` keys are older than it.
+    Held,
+    /// `seats` keys (the oldest) are ahead of it, as of `revision`.
+    Waiting {
+        ahead: Vec<Bytes>,
+        revision: Revision,
+    },
+}
+
+/// Reads, in one transaction, the key and the (at most `seats`) oldest keys created before it.
+pub(crate) async fn seat<S: KvLeaseStore + ?Sized>(
+    store: &S,
+    leader: &LeaderKey,
+    seats: usize,
+) -> Result<Seat> {
+    let read = TxnRequest::new().and_then([
+        TxnOp::Get(GetRequest::key(leader.key.to_vec())),
+        TxnOp::Get(
+            GetRequest::prefix(prefix_of(&leader.name))
+                .with_max_create_revision(leader.token.prev())
+                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                .with_limit(seats as u64),
+        ),
+    ]);
+    let snapshot = store.txn(read).await?;
+    let get = |i: usize| snapshot.responses.get(i).and_then(|r| r.as_get());
+    let own = get(0).and_then(|g| g.kvs.first());
+    if own.map(|kv| kv.create_revision) != Some(leader.token) {
+        return Ok(Seat::Lost);
+    }
+    let ahead: Vec<Bytes> = get(1)
+        .map(|g| g.kvs.iter().map(|kv| kv.key.clone()).collect())
+        .unwrap_or_default();
+    if ahead.len() < seats {
+        return Ok(Seat::Held);
+    }
+    Ok(Seat::Waiting {
+        ahead,
+        revision: snapshot.revision,
+    })
+}
+
+/// Waits until fewer than `seats` keys are older than `leader.key`, or fails when it
+/// disappears. Only the `seats` oldest keys ahead are watched: the key can only come within
+/// the seats once one of them goes (keys join the queue at its end).
+async fn wait_for_seat<S: KvLeaseStore + ?Sized>(
+    store: &S,
+    leader: &LeaderKey,
+    seats: usize,
+) -> Result<()> {
+    let prefix = prefix_of(&leader.name);
+    let mut backoff = retry::store_backoff(retry::seed(&[&leader.key]));
+    loop {
+        let (ahead, revision) = match seat(store, leader, seats).await {
+            Ok(Seat::Held) => return Ok(()),
+            Ok(Seat::Lost) => return Err(lost(leader)),
+            Ok(Seat::Waiting { ahead, revision }) => (ahead, revision),
+            Err(e) if matches!(e.class(), ErrorClass::Retryable) => {
+                tracing::debug!(election = %leader.name, error = &e as &dyn std::error::Error, "could not read the queue; retrying");
+                backoff.wait().await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        crate::sync::explore::point().await;
+        tracing::debug!(election = %leader.name, %revision, "waiting for one of the keys ahead to go");
+        // A delete of a key ahead, or of our own, sends us back to the read; so does a
+        // watch that breaks (after a pause, so a store refusing watches is not hammered).
+        let watch = WatchRequest::prefix(prefix.clone()).with_start_revision(revision + 1);
+        let relevant = |key: &Bytes| *key == leader.key || ahead.contains(key);
+        let moved = match store.watch(watch).await {
+            Ok(mut events) => loop {
+                match events.next().await {
+                    Some(Ok(batch)) => {
+                        if batch
+                            .events
+                            .iter()
+                            .any(|e| e.kind == EventKind::Delete && relevant(&e.kv.key))
+                        {
+                            break true;
+                        }
+                    }
+                    Some(Err(_)) | None => break false,
+                }
+            },
+            Err(e) if e.class() == ErrorClass::Retryable || e.class() == ErrorClass::Compacted => {
+                false
+            }
+            Err(e) => return Err(e),
+        };
+        if moved {
+            backoff.reset();
+        } else {
+            backoff.wait().await;
         }
     }
 }

@@ -59,11 +59,14 @@ pub enum Bug {
     /// `try_lock` (and `try_campaign`) takes the lock when its own key is absent, instead of
     /// when no key at all is queued: it walks past the holder. Caught by S2 and the fence (S1).
     TryLockIgnoresTheQueue,
+    /// A semaphore counts its seats one too many: N + 1 sessions hold permits at once. Caught
+    /// by P1 and P2.
+    SemaphoreOneTooMany,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 15] = [
+    pub const ALL: [Bug; 16] = [
         Bug::CampaignSkipsOwnKeyCheck,
         Bug::WatcherResumesFromNow,
         Bug::WatcherIgnoresCompaction,
@@ -79,6 +82,7 @@ impl Bug {
         Bug::WatcherEmitsBeforePublish,
         Bug::CandidateSkipsWorkWait,
         Bug::TryLockIgnoresTheQueue,
+        Bug::SemaphoreOneTooMany,
     ];
 
     /// A stable name for command lines and reports.
@@ -99,6 +103,7 @@ impl Bug {
             Bug::WatcherEmitsBeforePublish => "watcher-emits-before-publish",
             Bug::CandidateSkipsWorkWait => "candidate-skips-work-wait",
             Bug::TryLockIgnoresTheQueue => "try-lock-ignores-the-queue",
+            Bug::SemaphoreOneTooMany => "semaphore-one-too-many",
         }
     }
 

@@ -39,6 +39,8 @@ pub struct Election {
     session: SessionHandle,
     name: String,
     held: Option<Arc<AtomicUsize>>,
+    /// How many keys lead at once: one for an election or a lock, N for a semaphore.
+    seats: usize,
 }
 
 impl Election {
@@ -51,7 +53,19 @@ impl Election {
             session,
             name: name.into(),
             held: None,
+            seats: 1,
         }
+    }
+
+    /// The store it campaigns in.
+    pub(crate) fn store(&self) -> &Arc<DynKvLeaseStore> {
+        &self.store
+    }
+
+    /// Lets the `seats` oldest keys lead at once (a semaphore's permits).
+    pub(crate) fn with_seats(mut self, seats: usize) -> Self {
+        self.seats = seats;
+        self
     }
 
     /// Counts leaderships won through this election in `held` while they last (the pool's
@@ -86,7 +100,7 @@ impl Election {
         let won = tokio::select! {
             biased;
             end = self.session.done() => return Err(self.ended(end)),
-            r = campaign::campaign_with(&*self.store, &self.name, value, lease, cleanup) => r?,
+            r = campaign::campaign_with(&*self.store, &self.name, value, lease, cleanup, self.seats) => r?,
         };
         self.runway(&won).await?;
         crate::sync::explore::point().await;
@@ -126,6 +140,9 @@ impl Election {
         let prefix = format!("{}/", self.name);
         let key = candidate_key(&self.name, lease);
         let _turn = self.session.campaign_turn(&self.name).await;
+        if self.seats > 1 {
+            return self.try_seat(value, prefix, key).await;
+        }
         // If no candidate exists, put ours; else read the queue. One transaction, so it cannot
         // lose a race with another candidate (go-coord's TryCampaign could, and then blocked).
         let written = self
@@ -149,15 +166,12 @@ impl Election {
             Err(e) => {
                 // A write that may have applied leaves a key nobody waits for: withdraw it.
                 if e.class() == crate::ErrorClass::Indeterminate {
-                    if let campaign::Cleanup::HandOff(withdraw) = self.session.cleanup(&self.name) {
-                        let unknown = LeaderKey {
-                            name: self.name.clone(),
-                            key: Bytes::from(key),
-                            token: Revision::ZERO,
-                            lease,
-                        };
-                        withdraw(self.store.clone(), unknown);
-                    }
+                    self.withdraw(LeaderKey {
+                        name: self.name.clone(),
+                        key: Bytes::from(key),
+                        token: Revision::ZERO,
+                        lease,
+                    });
                 }
                 return Err(e);
             }
@@ -216,10 +230,20 @@ impl Election {
         match self.session.fresh(self.session.ttl() / 2).await {
             Ok(false) => Ok(()),
             Ok(true) => {
-                let leader = self.store.leader(&self.name).await;
-                match leader {
-                    Ok(kv) if kv.key == won.key && kv.create_revision == won.token => Ok(()),
-                    Ok(_) | Err(Error::NoLeader { .. }) => {
+                let leads = if self.seats > 1 {
+                    campaign::seat(&*self.store, won, self.seats)
+                        .await
+                        .map(|s| matches!(s, campaign::Seat::Held))
+                } else {
+                    match self.store.leader(&self.name).await {
+                        Ok(kv) => Ok(kv.key == won.key && kv.create_revision == won.token),
+                        Err(Error::NoLeader { .. }) => Ok(false),
+                        Err(e) => Err(e),
+                    }
+                };
+                match leads {
+                    Ok(true) => Ok(()),
+                    Ok(false) => {
                         let _ = self.store.resign(won).await;
                         Err(Error::CandidacyLost {
                             election: self.name.clone(),
@@ -239,6 +263,89 @@ impl Election {
                 let _ = self.store.resign(won).await;
                 Err(self.ended(end))
             }
+        }
+    }
+
+    /// `try_campaign` with several seats: no compare can count keys, so one transaction puts
+    /// the key (unless it stands) and reads the oldest keys as they were before it; when all
+    /// seats were taken, the key is withdrawn before returning.
+    async fn try_seat(
+        &self,
+        value: Bytes,
+        prefix: String,
+        key: String,
+    ) -> Result<Option<Leadership>> {
+        let lease = self.session.lease();
+        let oldest = || {
+            GetRequest::prefix(prefix.clone())
+                .with_sort(crate::SortTarget::Create, crate::SortOrder::Ascend)
+                .with_limit(self.seats as u64)
+        };
+        let written = self
+            .store
+            .txn(
+                TxnRequest::new()
+                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                    .and_then([
+                        TxnOp::Get(oldest()),
+                        TxnOp::Put(PutRequest::new(key.clone(), value.to_vec()).with_lease(lease)),
+                    ])
+                    .or_else([oldest()]),
+            )
+            .await;
+        let mut won = LeaderKey {
+            name: self.name.clone(),
+            key: Bytes::from(key),
+            token: Revision::ZERO,
+            lease,
+        };
+        let resp = match written {
+            Ok(r) => r,
+            Err(e) => {
+                if e.class() == crate::ErrorClass::Indeterminate {
+                    self.withdraw(won);
+                }
+                return Err(e);
+            }
+        };
+        let oldest: Vec<KeyValue> = resp
+            .responses
+            .first()
+            .and_then(|r| r.as_get())
+            .map(|g| g.kvs.clone())
+            .unwrap_or_default();
+        if resp.succeeded {
+            won.token = resp.revision;
+            if oldest.len() >= self.seats {
+                // Every seat was taken before our key was written: take it back.
+                if let Err(e) = self.store.resign(&won).await {
+                    tracing::debug!(election = %self.name, error = &e as &dyn std::error::Error, "could not withdraw a try; withdrawing in the background");
+                    self.withdraw(won);
+                }
+                return Ok(None);
+            }
+        } else {
+            // Our key stands already (this lease queued before): it leads if it is seated.
+            match oldest.iter().find(|kv| kv.key == won.key) {
+                Some(kv) => won.token = kv.create_revision,
+                None => return Ok(None),
+            }
+        }
+        self.runway(&won).await?;
+        tracing::info!(election = %self.name, token = %won.token, "seat acquired (try)");
+        Ok(Some(Leadership::new(
+            self.store.clone(),
+            self.session.clone(),
+            won,
+            self.held.clone(),
+        )))
+    }
+
+    /// Hands a key this session may have written to the session, which deletes it in the
+    /// background unless a newer campaign takes it over.
+    fn withdraw(&self, key: LeaderKey) {
+        if let campaign::Cleanup::HandOff(withdraw) = self.session.cleanup(&self.name) {
+            withdraw(self.store.clone(), key);
         }
     }
 

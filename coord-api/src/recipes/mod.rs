@@ -9,6 +9,7 @@
 //! | [`Election`] / [`Leadership`] | leader election with a fencing token and a loss signal |
 //! | [`ElectionPool`] | many elections on one self-replacing session |
 //! | [`Mutex`] / [`MutexGuard`] | a lock with a fencing token, sharing etcd's Go and `etcdctl lock` layout |
+//! | [`Semaphore`] / [`Permit`] | N permits, each with a fencing token the store checks |
 //!
 //! Every recipe logs its lifecycle with `tracing` (registered, healed, lost, leader acquired
 //! and lost, watcher resynced) and never installs a subscriber.
@@ -18,11 +19,13 @@
 mod candidate;
 mod election;
 pub(crate) mod follow;
+mod hold;
 mod host;
 mod mutex;
 mod pool;
 mod registration;
 pub(crate) mod retry;
+mod semaphore;
 mod session;
 mod task;
 mod watcher;
@@ -35,5 +38,6 @@ pub use pool::{ElectionPool, PoolStats};
 pub use registration::{
     HostRegistration, RegistrationConfig, RegistrationHealth, RegistrationStatus,
 };
+pub use semaphore::{Permit, Semaphore};
 pub use session::{Session, SessionConfig, SessionEnd, SessionHandle, SessionHealth};
 pub use watcher::{ClusterEvent, ClusterView, ClusterWatcher, ClusterWatcherConfig, HostChange};

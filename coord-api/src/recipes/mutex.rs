@@ -131,61 +131,7 @@ impl MutexGuard {
         MutexGuard { held: Some(held) }
     }
 
-    fn held(&self) -> &Leadership {
-        self.held
-            .as_ref()
-            .expect("a guard holds its lock until it is consumed")
-    }
-
-    /// The fencing token: the lock key's create revision. Each new holder's is larger.
-    pub fn token(&self) -> Revision {
-        self.held().token()
-    }
-
-    /// The lock key (name, key, token, lease).
-    pub fn key(&self) -> &LeaderKey {
-        self.held().key()
-    }
-
-    /// The instant after which the lock must not be trusted (the session's deadline).
-    pub fn deadline(&self) -> Instant {
-        self.held().deadline()
-    }
-
-    /// True until the lock is known lost or its deadline passed.
-    pub fn is_held(&self) -> bool {
-        self.held().is_leader()
-    }
-
-    /// Resolves when the lock is over, with why: the session's deadline passed or it ended,
-    /// the key was deleted, or a fenced write was refused.
-    pub async fn lost(&self) -> LossReason {
-        self.held().lost().await
-    }
-
-    /// `txn` made conditional on still holding the lock; see [`Leadership::fenced`].
-    pub fn fenced(&self, txn: TxnRequest) -> TxnRequest {
-        self.held().fenced(txn)
-    }
-
-    /// The compare behind [`fenced`](Self::fenced), for building transactions by hand.
-    pub fn guard(&self) -> Compare {
-        self.held().guard()
-    }
-
-    /// A handle that runs transactions fenced by this lock, which a task can own.
-    pub fn fence(&self) -> Fence {
-        self.held().fence()
-    }
-
-    /// Runs `txn` only while this lock is held; see [`Fence::txn`].
-    ///
-    /// # Errors
-    /// [`Error::FencedOut`] when the store refuses it because the lock may have passed on
-    /// (the guard is then lost); whatever the store fails with.
-    pub async fn txn(&self, txn: TxnRequest) -> Result<TxnResponse> {
-        self.held().txn(txn).await
-    }
+    super::hold::held_key_methods!("lock");
 
     /// Releases the lock: deletes its key if it is still this one. Idempotent.
     ///

@@ -1,7 +1,7 @@
 //! The recipes' promises, each a named case, written once and run on every backend: the
 //! recipes (`Session`, `HostSession`, `HostRegistration`, `ClusterWatcher`, `Election`,
-//! `ElectionPool`, `Candidate`, `Mutex`) on the backend's store, under the faults its [`Fixture`] can
-//! make (streams closed, a client cut off, requests delayed). A third-party backend runs them
+//! `ElectionPool`, `Candidate`, `Mutex`, `Semaphore`) on the backend's store, under the faults
+//! its [`Fixture`] can make (streams closed, a client cut off, requests delayed). A third-party backend runs them
 //! as coord's own do, with one line:
 //!
 //! ```text
@@ -21,6 +21,7 @@ pub mod host;
 pub mod mutex;
 pub mod pool;
 pub mod registration;
+pub mod semaphore;
 pub mod session;
 mod support;
 pub mod watcher;
@@ -73,6 +74,10 @@ macro_rules! recipe_tests {
             mutex::mutex_excludes_and_hands_over_in_queue_order,
             mutex::mutex_guard_dropped_unlocks,
             mutex::mutex_holder_whose_key_is_deleted_is_fenced_out,
+            semaphore::semaphore_admits_n_and_hands_over_in_queue_order,
+            semaphore::semaphore_permit_dropped_releases,
+            semaphore::semaphore_holder_whose_key_is_deleted_is_fenced_out,
+            semaphore::semaphore_without_permits_is_refused_and_writes_nothing,
         );
     };
     (@ $run:ident; $($module:ident :: $case:ident),* $(,)?) => {

@@ -1,0 +1,188 @@
+//! [`Semaphore`]: at most N holders at a time, each [`Permit`] with a fencing token the store
+//! checks.
+//!
+//! The queue is the election's: a key `<name>/<lease hex>` under the session's lease, ordered
+//! by create revision, and a session holds a permit while its key is among the N oldest. Keys
+//! only leave the queue and new ones join at its end, so a key among the N oldest stays there
+//! until it is deleted: the permit's fence ("my key still stands as created") is all the store
+//! needs to refuse the writes of a permit that may have passed on, and the fenced writes it
+//! accepts at any revision come from at most N permits.
+//!
+//! A waiter watches the N oldest keys ahead of it (one of them must go before it can hold a
+//! permit), so a release wakes at most the waiters it can matter to, each with one read.
+//! Everything the election promises holds for a permit: never handed out on a key already
+//! gone, nor with less than half the session's TTL left; a dropped wait leaves no key behind.
+//!
+//! The number of permits is not stored: every user of one name must pass the same N (a
+//! session that passes a larger one takes more than its share).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::election::{Election, Fence, Leadership, LossReason};
+use super::session::SessionHandle;
+use crate::campaign::LeaderKey;
+use crate::error::{Error, Result};
+use crate::request::{Compare, GetRequest, SortOrder, SortTarget, TxnRequest, TxnResponse};
+use crate::types::{KeyValue, Revision};
+
+/// A named semaphore of `permits` permits, taken under one session's lease (one permit per
+/// session and name).
+///
+/// ```
+/// # async fn run(store: std::sync::Arc<coord_api::DynKvLeaseStore>) -> coord_api::Result<()> {
+/// use coord_api::recipes::{Semaphore, Session, SessionConfig};
+/// use coord_api::{PutRequest, TxnRequest};
+///
+/// let session = Session::new(store, SessionConfig::default()).await?;
+/// // At most three reindexing jobs at a time, cluster-wide.
+/// let jobs = Semaphore::new(&session, "semaphores/reindex", 3);
+/// let permit = jobs.acquire().await?;
+/// // Refused by the store once this permit may have passed on.
+/// permit
+///     .txn(TxnRequest::new().and_then([PutRequest::new("reindex/progress", "10%")]))
+///     .await?;
+/// permit.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Semaphore {
+    election: Election,
+    permits: u32,
+}
+
+impl Semaphore {
+    /// The semaphore `name` with `permits` permits, under `session`'s lease (a
+    /// [`&Session`](super::Session) or a [`SessionHandle`]). Its keys are `name/<lease hex>`.
+    /// A count of zero is refused by every call with [`Error::InvalidArgument`].
+    pub fn new(session: impl Into<SessionHandle>, name: impl Into<String>, permits: u32) -> Self {
+        let mut seats = permits.max(1) as usize;
+        if crate::planted::enabled(crate::planted::Bug::SemaphoreOneTooMany) {
+            seats += 1;
+        }
+        Semaphore {
+            election: Election::new(session, name).with_seats(seats),
+            permits,
+        }
+    }
+
+    /// The semaphore's name.
+    pub fn name(&self) -> &str {
+        self.election.name()
+    }
+
+    /// How many permits it has.
+    pub fn permits(&self) -> u32 {
+        self.permits
+    }
+
+    fn valid(&self) -> Result<()> {
+        if self.permits == 0 {
+            return Err(Error::invalid(format!(
+                "semaphore {:?}: zero permits; at least one is needed",
+                self.name()
+            )));
+        }
+        crate::validate::election_name(self.name())
+    }
+
+    /// Waits until this session holds a permit.
+    ///
+    /// Dropping the future stops waiting and deletes the waiter's key. Acquiring again under
+    /// a session that already holds a permit returns it again (same key, same token).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for zero permits or a bad name; [`Error::CandidacyLost`] when
+    /// the session ends or the waiter's key is deleted while waiting; whatever the store
+    /// fails with.
+    pub async fn acquire(&self) -> Result<Permit> {
+        self.valid()?;
+        let held = self.election.campaign(Bytes::new()).await?;
+        tracing::info!(semaphore = %self.name(), token = %held.token(), "permit acquired");
+        Ok(Permit::new(held))
+    }
+
+    /// Waits at most `timeout` for a permit.
+    ///
+    /// # Errors
+    /// [`Error::Cancelled`] when the time runs out (the waiter's key is deleted); otherwise as
+    /// [`acquire`](Self::acquire).
+    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Permit> {
+        match tokio::time::timeout(timeout, self.acquire()).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Cancelled {
+                operation: "acquire",
+            }),
+        }
+    }
+
+    /// Takes a permit if one is free; never waits. `Ok(None)` when all are held (or
+    /// waited for by older waiters). One transaction writes the key and reads the keys before
+    /// it; when no permit was free the key is deleted again before this returns.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire), without the waiting.
+    pub async fn try_acquire(&self) -> Result<Option<Permit>> {
+        self.valid()?;
+        let held = self.election.try_campaign(Bytes::new()).await?;
+        if let Some(h) = &held {
+            tracing::info!(semaphore = %self.name(), token = %h.token(), "permit acquired (try)");
+        }
+        Ok(held.map(Permit::new))
+    }
+
+    /// The keys holding permits now (the oldest `permits` keys), oldest first.
+    ///
+    /// # Errors
+    /// Whatever the store fails with.
+    pub async fn holders(&self) -> Result<Vec<KeyValue>> {
+        self.valid()?;
+        let read = GetRequest::prefix(format!("{}/", self.name()))
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(u64::from(self.permits));
+        Ok(self.election.store().get(read).await?.kvs)
+    }
+}
+
+/// A held permit: its key, its fencing token, and a signal for when it is over.
+///
+/// Dropping it releases in the background (on the runtime it was dropped in, retrying until
+/// the key is gone; acquiring again on the same session meanwhile takes the key over);
+/// [`release`](Self::release) does it in the caller and says whether it worked. Either way
+/// the permit also ends with the session.
+#[must_use = "dropping a permit releases it at once"]
+#[derive(Debug)]
+pub struct Permit {
+    held: Option<Leadership>,
+}
+
+impl Permit {
+    fn new(held: Leadership) -> Self {
+        Permit { held: Some(held) }
+    }
+
+    super::hold::held_key_methods!("permit");
+
+    /// Releases the permit: deletes its key if it is still this one. Idempotent.
+    ///
+    /// # Errors
+    /// Whatever the delete fails with; the permit then ends with the session's lease.
+    pub async fn release(mut self) -> Result<()> {
+        let held = self.held.take().expect("held until the handle is consumed");
+        let (name, token) = (held.key().name.clone(), held.token());
+        held.resign().await?;
+        tracing::info!(semaphore = %name, %token, "permit released");
+        Ok(())
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if let Some(held) = self.held.take() {
+            tracing::info!(semaphore = %held.key().name, token = %held.token(), "permit released on drop");
+            held.withdraw_in_background();
+        }
+    }
+}

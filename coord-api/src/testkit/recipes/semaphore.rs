@@ -1,0 +1,136 @@
+//! The cases of `Semaphore` and `Permit`.
+
+use std::time::Duration;
+
+use crate::recipes::{LossReason, Semaphore};
+use crate::testkit::{eventually, within, PROMPT};
+use crate::{Error, ErrorClass, KvLeaseStoreExt, PutRequest, TxnRequest};
+
+use super::fixture::Fixture;
+use super::support::*;
+
+const SEM: &str = "sem";
+
+async fn queued(store: &std::sync::Arc<crate::DynKvLeaseStore>) -> u64 {
+    store.get_prefix("sem/").await.unwrap().count
+}
+
+pub async fn semaphore_admits_n_and_hands_over_in_queue_order(fx: &dyn Fixture) {
+    let store = fx.store();
+    let mut s = Vec::new();
+    for _ in 0..5 {
+        s.push(session(fx, &store).await);
+    }
+    let a = Semaphore::new(&s[0], SEM, 2).acquire().await.unwrap();
+    let b = Semaphore::new(&s[1], SEM, 2).try_acquire().await.unwrap();
+    let b = b.expect("a second permit is free");
+    assert!(b.token() > a.token());
+    let (c_sem, d_sem) = (Semaphore::new(&s[2], SEM, 2), Semaphore::new(&s[3], SEM, 2));
+    let c_waits = tokio::spawn(async move { c_sem.acquire().await });
+    eventually(PROMPT, "c to queue", || async { queued(&store).await == 3 }).await;
+    let d_waits = tokio::spawn(async move { d_sem.acquire().await });
+    eventually(PROMPT, "d to queue", || async { queued(&store).await == 4 }).await;
+    assert!(
+        Semaphore::new(&s[4], SEM, 2)
+            .try_acquire()
+            .await
+            .unwrap()
+            .is_none(),
+        "try_acquire took a third permit"
+    );
+    assert_eq!(
+        queued(&store).await,
+        4,
+        "a refused try_acquire left its key"
+    );
+    // c gives up: d is still behind the two holders and must not take a permit.
+    c_waits.abort();
+    eventually(PROMPT, "c's key to go", || async {
+        queued(&store).await == 3
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !d_waits.is_finished(),
+        "d took a permit while two were held"
+    );
+    let holders = Semaphore::new(&s[4], SEM, 2).holders().await.unwrap();
+    let keys: Vec<_> = holders.iter().map(|kv| kv.key.clone()).collect();
+    assert_eq!(keys, [a.key().key.clone(), b.key().key.clone()]);
+    let a_token = a.token();
+    a.release().await.unwrap();
+    let d = within(prompt(fx), "d to get the released permit", d_waits)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(d.token() > a_token, "a later key has a larger token");
+    assert!(b.is_held(), "releasing one permit ended another");
+}
+
+pub async fn semaphore_permit_dropped_releases(fx: &dyn Fixture) {
+    let store = fx.store();
+    let (a, b, c) = (
+        session(fx, &store).await,
+        session(fx, &store).await,
+        session(fx, &store).await,
+    );
+    let first = Semaphore::new(&a, SEM, 2).acquire().await.unwrap();
+    let _second = Semaphore::new(&b, SEM, 2).acquire().await.unwrap();
+    let c_sem = Semaphore::new(&c, SEM, 2);
+    let c_waits = tokio::spawn(async move { c_sem.acquire().await });
+    eventually(PROMPT, "c to queue", || async { queued(&store).await == 3 }).await;
+    drop(first);
+    let _third = within(prompt(fx), "c to get the dropped permit", c_waits)
+        .await
+        .unwrap()
+        .unwrap();
+    // Acquiring again on the session whose permit was dropped queues it anew.
+    assert!(Semaphore::new(&a, SEM, 2)
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+}
+
+pub async fn semaphore_holder_whose_key_is_deleted_is_fenced_out(fx: &dyn Fixture) {
+    let store = fx.store();
+    let (a, b, c) = (
+        session(fx, &store).await,
+        session(fx, &store).await,
+        session(fx, &store).await,
+    );
+    let old = Semaphore::new(&a, SEM, 2).acquire().await.unwrap();
+    let other = Semaphore::new(&b, SEM, 2).acquire().await.unwrap();
+    // An operator deletes a holder's key: its permit passes on while it may not know yet.
+    store.delete_key(old.key().key.to_vec()).await.unwrap();
+    let new = within(
+        prompt(fx),
+        "c to get the permit",
+        Semaphore::new(&c, SEM, 2).acquire(),
+    )
+    .await
+    .unwrap();
+    let write = |by: &str| TxnRequest::new().and_then([PutRequest::new(format!("work/{by}"), by)]);
+    let err = old.txn(write("a")).await.unwrap_err();
+    assert!(matches!(err, Error::FencedOut { .. }), "{err:?}");
+    assert!(!old.is_held());
+    assert!(matches!(
+        old.lost().await,
+        LossReason::KeyDeleted | LossReason::FencedOut
+    ));
+    other.txn(write("b")).await.unwrap();
+    new.txn(write("c")).await.unwrap();
+    assert!(store.get_key("work/a").await.unwrap().is_none());
+}
+
+pub async fn semaphore_without_permits_is_refused_and_writes_nothing(fx: &dyn Fixture) {
+    let store = fx.store();
+    let a = session(fx, &store).await;
+    let none = Semaphore::new(&a, SEM, 0);
+    let err = none.acquire().await.unwrap_err();
+    assert_eq!(err.class(), ErrorClass::InvalidArgument, "{err:?}");
+    assert!(err.to_string().contains("zero permits"), "{err}");
+    let err = none.try_acquire().await.unwrap_err();
+    assert_eq!(err.class(), ErrorClass::InvalidArgument, "{err:?}");
+    assert_eq!(queued(&store).await, 0);
+}
