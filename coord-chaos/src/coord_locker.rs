@@ -1,15 +1,19 @@
-//! The lock part of coord's own node: each node takes one shared [`Mutex`] now and then (by
-//! `lock`, or by `try_lock` and a pause when it is taken), writes its token through the
-//! guard's fence while it holds it, and lets go. Its holdings are recorded as leaderships of
-//! the election [`LOCK`], so every election invariant holds it: one holder at a time (S2),
-//! growing tokens and a fenced resource that only the holder writes (S1), no phantom holder
-//! (S3), a waiter next in line taking over from a crashed holder (L6), and a holder existing
-//! after the heal (L5: some node always waits for it).
+//! The lock and semaphore parts of coord's own node: each node takes one shared [`Mutex`] now
+//! and then, and a permit of one shared [`Semaphore`] of [`PERMITS`] permits (by `lock` or
+//! `acquire`, or by a `try_` and a pause when none is free), writes its token through the
+//! fence while it holds it, and lets go.
+//!
+//! Lock holdings are recorded as leaderships of the election [`LOCK`], so every election
+//! invariant holds the lock: one holder at a time (S2), growing tokens and a fenced resource
+//! that only the holder writes (S1), no phantom holder (S3), a waiter next in line taking over
+//! from a crashed holder (L6), and a holder existing after the heal (L5: some node always
+//! waits for it). Permits are recorded as permits of [`SEMAPHORE`], held to P1-P3
+//! ([`Permits`](crate::Permits)).
 
 use std::time::Duration;
 
-use coord_api::recipes::{HostSession, Mutex, MutexGuard};
-use coord_api::{DeleteRequest, Error, KvLeaseStore, LeaseId, PutRequest, TxnRequest};
+use coord_api::recipes::{Fence, HostSession, LossReason, Mutex, MutexGuard, Permit, Semaphore};
+use coord_api::{DeleteRequest, Error, KvLeaseStore, LeaseId, PutRequest, Revision, TxnRequest};
 use tokio_util::sync::CancellationToken;
 
 use crate::history::{Happening, Outcome};
@@ -22,8 +26,86 @@ pub(crate) const LOCK: &str = "locks/shared";
 /// Where the lock's holders write their token through the fence.
 pub(crate) const LOCK_WORK_PREFIX: &str = "work/locks/";
 
-fn lock_work_key() -> String {
-    format!("{LOCK_WORK_PREFIX}shared")
+/// The shared semaphore's name.
+pub(crate) const SEMAPHORE: &str = "semaphores/shared";
+
+/// How many permits it has.
+pub(crate) const PERMITS: u32 = 2;
+
+/// Where the permits' holders write their token through the fence, a key per node.
+pub(crate) const PERMIT_WORK_PREFIX: &str = "work/semaphores/";
+
+/// What a part takes now and then.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Shared {
+    Lock,
+    Permit,
+}
+
+impl Shared {
+    fn name(self) -> &'static str {
+        match self {
+            Shared::Lock => LOCK,
+            Shared::Permit => SEMAPHORE,
+        }
+    }
+
+    fn work_key(self, node: &Node) -> String {
+        match self {
+            Shared::Lock => format!("{LOCK_WORK_PREFIX}shared"),
+            Shared::Permit => format!("{PERMIT_WORK_PREFIX}{}", node.who().node),
+        }
+    }
+
+    fn believed(self, node: &Node, token: Revision) {
+        match self {
+            Shared::Lock => node.leader_start(LOCK, token),
+            Shared::Permit => node.permit_start(SEMAPHORE, token),
+        }
+    }
+
+    fn no_longer(self, node: &Node, token: Revision, let_go: bool) {
+        match self {
+            Shared::Lock => node.leader_end(LOCK, token, let_go),
+            Shared::Permit => node.permit_end(SEMAPHORE, token, let_go),
+        }
+    }
+}
+
+/// A held lock or permit.
+enum Guard {
+    Lock(MutexGuard),
+    Permit(Permit),
+}
+
+impl Guard {
+    fn token(&self) -> Revision {
+        match self {
+            Guard::Lock(g) => g.token(),
+            Guard::Permit(p) => p.token(),
+        }
+    }
+
+    fn fence(&self) -> Fence {
+        match self {
+            Guard::Lock(g) => g.fence(),
+            Guard::Permit(p) => p.fence(),
+        }
+    }
+
+    async fn lost(&self) -> LossReason {
+        match self {
+            Guard::Lock(g) => g.lost().await,
+            Guard::Permit(p) => p.lost().await,
+        }
+    }
+
+    async fn release(self) -> coord_api::Result<()> {
+        match self {
+            Guard::Lock(g) => g.unlock().await,
+            Guard::Permit(p) => p.release().await,
+        }
+    }
 }
 
 /// How a holding ended.
@@ -33,9 +115,10 @@ enum Held {
     Stopped,
 }
 
-/// Takes and releases the lock until `stop` (part of the node's pool: the pool's stop waits
+/// Takes and releases `what` until `stop` (part of the node's pool: the pool's stop waits
 /// for this to return). Returns once its key is gone, held or waiting, or with why not.
 pub(crate) async fn locker(
+    what: Shared,
     node: Node,
     host: HostSession,
     mut rng: Rng,
@@ -46,18 +129,18 @@ pub(crate) async fn locker(
     // under it lives on.
     let mut leases = Vec::new();
     while !stop.is_cancelled() {
-        let Some(guard) = take(&node, &host, &mut rng, &stop, &mut leases).await else {
+        let Some(guard) = take(what, &node, &host, &mut rng, &stop, &mut leases).await else {
             continue;
         };
         let token = guard.token();
-        node.leader_start(LOCK, token);
-        let held = hold(&node, &guard, &mut rng, &stop, ttl).await;
+        what.believed(&node, token);
+        let held = hold(what, &node, &guard, &mut rng, &stop, ttl).await;
         // The belief ends before the key goes: the delete may apply long before its reply.
-        node.leader_end(LOCK, token, !matches!(held, Held::Lost));
+        what.no_longer(&node, token, !matches!(held, Held::Lost));
         match held {
             Held::LetGo if rng.chance(0.5) => drop(guard),
             Held::LetGo | Held::Stopped => {
-                let _ = guard.unlock().await;
+                let _ = guard.release().await;
             }
             Held::Lost => {}
         }
@@ -65,20 +148,22 @@ pub(crate) async fn locker(
     // A wait called off by the stop, or a guard dropped, leaves its key to a background
     // delete: the stop must not return before the keys are gone.
     for lease in leases {
-        let key = coord_api::candidate_key(LOCK, lease);
+        let key = coord_api::candidate_key(what.name(), lease);
         host.store().delete(DeleteRequest::key(key)).await?;
     }
     Ok(())
 }
 
-/// One attempt at the lock: `lock` (queued), or `try_lock` and a short pause when it is held.
+/// One attempt: `lock`/`acquire` (queued), or `try_lock`/`try_acquire` and a short pause
+/// when none is free.
 async fn take(
+    what: Shared,
     node: &Node,
     host: &HostSession,
     rng: &mut Rng,
     stop: &CancellationToken,
     leases: &mut Vec<LeaseId>,
-) -> Option<MutexGuard> {
+) -> Option<Guard> {
     let s = node.scenario();
     let pause = |rng: &mut Rng| {
         let ms = (s.ttl / 4).as_millis() as u64;
@@ -95,22 +180,35 @@ async fn take(
         if !leases.contains(&session.lease()) {
             leases.push(session.lease());
         }
-        let lock = Mutex::new(session, LOCK);
         if rng.chance(0.3) {
-            match lock.try_lock().await {
-                Ok(Some(guard)) => Some(guard),
-                _ => {
-                    tokio::time::sleep(pause(rng)).await;
-                    None
-                }
+            let tried = match what {
+                Shared::Lock => Mutex::new(session, LOCK)
+                    .try_lock()
+                    .await
+                    .map(|g| g.map(Guard::Lock)),
+                Shared::Permit => Semaphore::new(session, SEMAPHORE, PERMITS)
+                    .try_acquire()
+                    .await
+                    .map(|p| p.map(Guard::Permit)),
+            };
+            if let Ok(Some(guard)) = tried {
+                return Some(guard);
             }
-        } else {
-            match lock.lock().await {
-                Ok(guard) => Some(guard),
-                Err(_) => {
-                    tokio::time::sleep(s.initial_backoff).await;
-                    None
-                }
+            tokio::time::sleep(pause(rng)).await;
+            return None;
+        }
+        let queued = match what {
+            Shared::Lock => Mutex::new(session, LOCK).lock().await.map(Guard::Lock),
+            Shared::Permit => Semaphore::new(session, SEMAPHORE, PERMITS)
+                .acquire()
+                .await
+                .map(Guard::Permit),
+        };
+        match queued {
+            Ok(guard) => Some(guard),
+            Err(_) => {
+                tokio::time::sleep(s.initial_backoff).await;
+                None
             }
         }
     };
@@ -121,10 +219,11 @@ async fn take(
     }
 }
 
-/// Holds the lock for up to half a TTL, writing through its fence every TTL/8.
+/// Holds it for up to half a TTL, writing through its fence every TTL/8.
 async fn hold(
+    what: Shared,
     node: &Node,
-    guard: &MutexGuard,
+    guard: &Guard,
     rng: &mut Rng,
     stop: &CancellationToken,
     ttl: Duration,
@@ -144,10 +243,10 @@ async fn hold(
         // the fence stops it; the write is judged by the store whenever it lands.
         let fence = guard.fence();
         let writer = node.clone();
+        let key = what.work_key(node);
         let write = tokio::spawn(async move {
             writer.unpaused().await;
-            let txn =
-                TxnRequest::new().and_then([PutRequest::new(lock_work_key(), token.to_string())]);
+            let txn = TxnRequest::new().and_then([PutRequest::new(key, token.to_string())]);
             let outcome = match fence.txn(txn).await {
                 Ok(r) if r.succeeded => Outcome::Accepted,
                 Ok(_) => Outcome::Unknown,
@@ -156,7 +255,7 @@ async fn hold(
             };
             writer.record(Happening::FencedWrite {
                 who: writer.who(),
-                election: LOCK.to_owned(),
+                election: what.name().to_owned(),
                 token,
                 outcome,
             });

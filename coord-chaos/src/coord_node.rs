@@ -1,9 +1,9 @@
 //! coord's own service: each node holds one lease (a `HostSession`), registers itself under
 //! it (and changes its metadata now and then), runs a `Candidate` in every election on it
-//! whose work writes through the fence while it leads, takes a shared lock now and then
-//! (`coord_locker`), and (on the first nodes) follows the cluster. Every belief and output is
-//! recorded as it changes; every consumer reads the recipe's state at each event it gets and
-//! records what disagrees. The `stop` fault stops
+//! whose work writes through the fence while it leads, takes a shared lock and a permit of a
+//! shared semaphore now and then (`coord_locker`), and (on the first nodes) follows the
+//! cluster. Every belief and output is recorded as it changes; every consumer reads the
+//! recipe's state at each event it gets and records what disagrees. The `stop` fault stops
 //! one of its parts for a while: the registration, the pool, a candidate.
 
 use std::sync::Arc;
@@ -22,8 +22,10 @@ use tokio::time::{sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::check::{self, FencedWrites, Invariant};
-use crate::coord_locker::{locker, LOCK, LOCK_WORK_PREFIX};
+use crate::check::{self, FencedWrites, Invariant, Permits};
+use crate::coord_locker::{
+    locker, Shared, LOCK, LOCK_WORK_PREFIX, PERMITS, PERMIT_WORK_PREFIX, SEMAPHORE,
+};
 use crate::history::{Emitted, Happening, Outcome, Part};
 use crate::keys::{election_name, host_key, metadata, work_key, HOSTS};
 use crate::rng::Rng;
@@ -54,6 +56,12 @@ impl Service for CoordService {
         all.push(Box::new(FencedWrites::new(LOCK, LOCK_WORK_PREFIX, |v| {
             std::str::from_utf8(v).ok()?.parse().ok()
         })));
+        all.push(Box::new(Permits::new(
+            SEMAPHORE,
+            PERMITS as usize,
+            PERMIT_WORK_PREFIX,
+            |v| std::str::from_utf8(v).ok()?.parse().ok(),
+        )));
         all
     }
 }
@@ -360,7 +368,7 @@ fn emitted(e: ClusterEvent) -> Emitted {
 /// The node's election pool, on the host's session, and a candidate per election.
 struct Pool {
     pool: ElectionPool,
-    /// The lock part (`coord_locker`), stopped with the candidates.
+    /// The lock and semaphore parts (`coord_locker`), stopped with the candidates.
     lock: JoinSet<coord_api::Result<()>>,
     loops: JoinSet<()>,
     stop: CancellationToken,
@@ -391,7 +399,10 @@ impl Pool {
         }
         // In a set of its own: dropped with the pool (a crash), it is aborted.
         let mut lock = JoinSet::new();
-        lock.spawn(locker(node.clone(), host.clone(), rng.fork(), stop.clone()).in_current_span());
+        for what in [Shared::Lock, Shared::Permit] {
+            let part = locker(what, node.clone(), host.clone(), rng.fork(), stop.clone());
+            lock.spawn(part.in_current_span());
+        }
         Pool {
             pool,
             lock,
@@ -413,12 +424,14 @@ impl Pool {
     async fn stop(mut self) -> coord_api::Result<()> {
         self.stop.cancel();
         while self.loops.join_next().await.is_some() {}
-        let lock = self.lock.join_next().await;
-        let pool = self.pool.stop().await;
-        match lock {
-            Some(Ok(Err(e))) => Err(e),
-            _ => pool,
+        let mut parts = Ok(());
+        while let Some(part) = self.lock.join_next().await {
+            if let Ok(Err(e)) = part {
+                parts = Err(e);
+            }
         }
+        let pool = self.pool.stop().await;
+        parts.and(pool)
     }
 }
 

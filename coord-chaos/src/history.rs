@@ -180,6 +180,27 @@ pub enum Happening {
         /// The term's fencing token.
         token: Revision,
     },
+    /// The node believes it holds a permit of `semaphore` with `token` (its key's create
+    /// revision).
+    PermitStart {
+        /// Who.
+        who: Incarnation,
+        /// The semaphore's name.
+        semaphore: String,
+        /// The permit's fencing token.
+        token: Revision,
+    },
+    /// The node no longer believes it holds the permit.
+    PermitEnd {
+        /// Who.
+        who: Incarnation,
+        /// The semaphore's name.
+        semaphore: String,
+        /// The permit's fencing token.
+        token: Revision,
+        /// It released the permit, rather than lost it.
+        released: bool,
+    },
     /// A fenced write: sent by a node that believed it led with `token`, and its outcome as
     /// the node learned it. The store's journal says whether it applied.
     FencedWrite {

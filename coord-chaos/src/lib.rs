@@ -103,7 +103,9 @@ mod timeline;
 #[cfg(feature = "turmoil")]
 mod turmoil_world;
 
-pub use check::{check, generic, Believed, Commit, FencedWrites, Invariant, Run, Violation};
+pub use check::{
+    check, generic, Believed, Commit, FencedWrites, Invariant, Permits, Run, Violation,
+};
 pub use coord_node::CoordService;
 pub use fault::{schedule, Fault, FaultKind};
 pub use history::{Emitted, Happening, History, Incarnation, Outcome, Part, Record};

@@ -199,6 +199,28 @@ impl Node {
         });
     }
 
+    /// Records that this node now believes it holds a permit of `semaphore` with `token`
+    /// (a [`Permits`](crate::Permits) invariant holds it to the semaphore's count).
+    pub fn permit_start(&self, semaphore: &str, token: Revision) {
+        self.record(Happening::PermitStart {
+            who: self.who(),
+            semaphore: semaphore.to_owned(),
+            token,
+        });
+    }
+
+    /// Records that this node no longer believes it holds the permit (`released`: it let it
+    /// go, rather than lost it). Record it before releasing, as with
+    /// [`leader_end`](Self::leader_end).
+    pub fn permit_end(&self, semaphore: &str, token: Revision, released: bool) {
+        self.record(Happening::PermitEnd {
+            who: self.who(),
+            semaphore: semaphore.to_owned(),
+            token,
+            released,
+        });
+    }
+
     /// Records that the work of this node's term `token` in `election` began, and returns a
     /// guard that records its end when dropped (the work returned, or was dropped). W1 holds
     /// the work of two terms to never overlap.

@@ -56,6 +56,24 @@ fn line(what: &Happening) -> Option<String> {
                 "no longer leads"
             }
         ),
+        Happening::PermitStart {
+            who,
+            semaphore,
+            token,
+        } => format!("{who}  holds a permit of {semaphore} (token {token})"),
+        Happening::PermitEnd {
+            who,
+            semaphore,
+            token,
+            released,
+        } => format!(
+            "{who}  {} its permit of {semaphore} (token {token})",
+            if *released {
+                "releases"
+            } else {
+                "no longer holds"
+            }
+        ),
         Happening::FencedWrite {
             who,
             token,

@@ -9,7 +9,7 @@ use coord_api::{LeaseId, Revision};
 use crate::fault::{Fault, FaultKind};
 use crate::history::{Happening, History, Incarnation, Part};
 
-/// A leadership belief.
+/// A leadership belief (or a permit's: `election` is then the semaphore).
 #[derive(Debug, Clone)]
 pub(crate) struct Leading {
     pub who: Incarnation,
@@ -52,9 +52,65 @@ pub(crate) struct PartStop {
     pub restarted: Option<Duration>,
 }
 
+/// Beliefs begun and not yet ended, per incarnation and name.
+#[derive(Default)]
+struct Open(BTreeMap<(Incarnation, String), (Revision, Duration)>);
+
+impl Open {
+    fn start(&mut self, who: Incarnation, name: &str, token: Revision, at: Duration) {
+        self.0.insert((who, name.to_owned()), (token, at));
+    }
+
+    fn end(
+        &mut self,
+        who: Incarnation,
+        name: &str,
+        at: Duration,
+        given_up: bool,
+    ) -> Option<Leading> {
+        let (token, from) = self.0.remove(&(who, name.to_owned()))?;
+        Some(Leading {
+            who,
+            election: name.to_owned(),
+            token,
+            from,
+            until: at,
+            crashed: false,
+            resigned: given_up,
+        })
+    }
+
+    /// Ends every belief of `who` at its crash.
+    fn crash(&mut self, who: Incarnation, at: Duration) -> Vec<Leading> {
+        let ended: Vec<_> = self.0.keys().filter(|(w, _)| *w == who).cloned().collect();
+        ended
+            .into_iter()
+            .filter_map(|(w, name)| self.end(w, &name, at, false))
+            .map(|l| Leading { crashed: true, ..l })
+            .collect()
+    }
+
+    /// Every belief still held at the end of the run lasts to it.
+    fn finish(self, end: Duration) -> impl Iterator<Item = Leading> {
+        self.0
+            .into_iter()
+            .map(move |((who, election), (token, from))| Leading {
+                who,
+                election,
+                token,
+                from,
+                until: end,
+                crashed: false,
+                resigned: false,
+            })
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Beliefs {
     pub leading: Vec<Leading>,
+    /// Permits believed held, as leaderships of their semaphore.
+    pub permits: Vec<Leading>,
     pub registered: Vec<Registered>,
     pub faults: Vec<FaultSpan>,
     pub part_stops: Vec<PartStop>,
@@ -72,7 +128,8 @@ impl Beliefs {
             heal: end,
             ..Beliefs::default()
         };
-        let mut leading: BTreeMap<(Incarnation, String), (Revision, Duration)> = BTreeMap::new();
+        let mut leading = Open::default();
+        let mut permits = Open::default();
         let mut registered: BTreeMap<Incarnation, (String, LeaseId, Duration)> = BTreeMap::new();
         let mut faults: Vec<(Fault, Duration)> = Vec::new();
         for r in &history.records {
@@ -84,27 +141,28 @@ impl Beliefs {
                     who,
                     election,
                     token,
-                } => {
-                    leading.insert((*who, election.clone()), (*token, r.at));
-                }
+                } => leading.start(*who, election, *token, r.at),
                 Happening::LeaderEnd {
                     who,
                     election,
                     resigned,
                     ..
-                } => {
-                    if let Some((token, from)) = leading.remove(&(*who, election.clone())) {
-                        b.leading.push(Leading {
-                            who: *who,
-                            election: election.clone(),
-                            token,
-                            from,
-                            until: r.at,
-                            crashed: false,
-                            resigned: *resigned,
-                        });
-                    }
-                }
+                } => b
+                    .leading
+                    .extend(leading.end(*who, election, r.at, *resigned)),
+                Happening::PermitStart {
+                    who,
+                    semaphore,
+                    token,
+                } => permits.start(*who, semaphore, *token, r.at),
+                Happening::PermitEnd {
+                    who,
+                    semaphore,
+                    released,
+                    ..
+                } => b
+                    .permits
+                    .extend(permits.end(*who, semaphore, r.at, *released)),
                 Happening::Registered { who, key, lease } => {
                     // What a registration being stopped reports is relied on no more.
                     if b.stopping.contains_key(who)
@@ -123,19 +181,8 @@ impl Beliefs {
                 }
                 Happening::Crashed(who) => {
                     b.crashed.insert(*who, r.at);
-                    let ended: Vec<_> = leading.keys().filter(|(w, _)| w == who).cloned().collect();
-                    for k in ended {
-                        let (token, from) = leading.remove(&k).expect("listed");
-                        b.leading.push(Leading {
-                            who: k.0,
-                            election: k.1,
-                            token,
-                            from,
-                            until: r.at,
-                            crashed: true,
-                            resigned: false,
-                        });
-                    }
+                    b.leading.extend(leading.crash(*who, r.at));
+                    b.permits.extend(permits.crash(*who, r.at));
                     if let Some(held) = registered.remove(who) {
                         b.end_registration(*who, held, r.at);
                     }
@@ -198,17 +245,8 @@ impl Beliefs {
                 }
             }
         }
-        for ((who, election), (token, from)) in leading {
-            b.leading.push(Leading {
-                who,
-                election,
-                token,
-                from,
-                until: end,
-                crashed: false,
-                resigned: false,
-            });
-        }
+        b.leading.extend(leading.finish(end));
+        b.permits.extend(permits.finish(end));
         for (who, held) in registered {
             b.end_registration(who, held, end);
         }
@@ -217,8 +255,9 @@ impl Beliefs {
             let until = if fault.kind.lasts() { end } else { from };
             b.faults.push(FaultSpan { fault, from, until });
         }
-        b.leading
-            .sort_by(|x, y| (&x.election, x.from).cmp(&(&y.election, y.from)));
+        for l in [&mut b.leading, &mut b.permits] {
+            l.sort_by(|x, y| (&x.election, x.from).cmp(&(&y.election, y.from)));
+        }
         b
     }
 

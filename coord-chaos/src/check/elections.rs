@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use coord_api::{KeyValue, Revision};
 
+use super::beliefs::Leading;
 use super::{Invariant, Run, Violation};
 use crate::fault::FaultKind;
 use crate::history::{Happening, Incarnation};
@@ -267,62 +268,74 @@ pub(super) fn s3_no_phantom_leadership(run: &Run<'_>, out: &mut Vec<Violation>) 
             ));
             continue;
         }
-        // The key's deletion ends the belief: at once when the node is healthy, by its
-        // session deadline otherwise.
-        let p = prefix(&l.election);
-        let deleted = run
-            .truth
-            .deletions
-            .iter()
-            .find(|d| d.create_revision == l.token && d.key.starts_with(&p));
-        if let Some(d) = deleted {
-            // Deleted by its lease's expiry: the belief ended before. The local deadline (send
-            // time of the last acknowledged renewal + TTL) cannot be later than the store's
-            // expiry (receipt of the last renewal + TTL), whatever the network did.
-            if d.origin == coord_sim::journal::Origin::Expiry && l.until > d.at {
-                out.push(run.violation(
-                    "S3",
-                    d.at,
-                    &[l.who],
-                    format!(
-                        "election {}: believed it led (token {}) {:.3}s past its lease's expiry at the store",
-                        l.election,
-                        l.token,
-                        (l.until - d.at).as_secs_f64()
-                    ),
-                ));
-                continue;
-            }
-            let disturbed: Vec<FaultKind> = FaultKind::ALL
-                .into_iter()
-                .filter(|k| k.disturbs_link())
-                .collect();
-            let faulty = run.beliefs.fault_near(
-                Some(l.who.node),
-                &disturbed,
-                d.at.saturating_sub(run.scenario.ttl),
-                d.at + window,
-            );
-            let bound = if faulty {
-                run.scenario.ttl + window
-            } else {
-                window
-            };
-            if l.until > d.at + bound {
-                out.push(run.violation(
-                    "S3",
-                    d.at + bound,
-                    &[l.who],
-                    format!(
-                        "election {}: still believes it leads (token {}) {:.3}s after its key was deleted (bound {:.3}s)",
-                        l.election,
-                        l.token,
-                        (l.until - d.at).as_secs_f64(),
-                        bound.as_secs_f64()
-                    ),
-                ));
-            }
-        }
+        belief_ends_with_its_key(run, "S3", l, out);
+    }
+}
+
+/// The second half of S3 (and of a semaphore's P3): a belief ends no later than its lease's
+/// expiry at the store, and within the notice bound after its key is deleted otherwise (at
+/// once when the node is healthy, by its session deadline when its link was disturbed).
+pub(super) fn belief_ends_with_its_key(
+    run: &Run<'_>,
+    invariant: &str,
+    l: &Leading,
+    out: &mut Vec<Violation>,
+) {
+    let window = run.rtt();
+    let p = prefix(&l.election);
+    let Some(d) = run
+        .truth
+        .deletions
+        .iter()
+        .find(|d| d.create_revision == l.token && d.key.starts_with(&p))
+    else {
+        return;
+    };
+    // Deleted by its lease's expiry: the belief ended before. The local deadline (send time
+    // of the last acknowledged renewal + TTL) cannot be later than the store's expiry
+    // (receipt of the last renewal + TTL), whatever the network did.
+    if d.origin == coord_sim::journal::Origin::Expiry && l.until > d.at {
+        out.push(run.violation(
+            invariant,
+            d.at,
+            &[l.who],
+            format!(
+                "{}: believed (token {}) {:.3}s past its lease's expiry at the store",
+                l.election,
+                l.token,
+                (l.until - d.at).as_secs_f64()
+            ),
+        ));
+        return;
+    }
+    let disturbed: Vec<FaultKind> = FaultKind::ALL
+        .into_iter()
+        .filter(|k| k.disturbs_link())
+        .collect();
+    let faulty = run.beliefs.fault_near(
+        Some(l.who.node),
+        &disturbed,
+        d.at.saturating_sub(run.scenario.ttl),
+        d.at + window,
+    );
+    let bound = if faulty {
+        run.scenario.ttl + window
+    } else {
+        window
+    };
+    if l.until > d.at + bound {
+        out.push(run.violation(
+            invariant,
+            d.at + bound,
+            &[l.who],
+            format!(
+                "{}: still believed (token {}) {:.3}s after its key was deleted (bound {:.3}s)",
+                l.election,
+                l.token,
+                (l.until - d.at).as_secs_f64(),
+                bound.as_secs_f64()
+            ),
+        ));
     }
 }
 

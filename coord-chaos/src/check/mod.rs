@@ -12,6 +12,7 @@ mod beliefs;
 mod consumers;
 mod elections;
 mod leases;
+mod permits;
 mod registrations;
 mod stops;
 mod truth;
@@ -26,6 +27,7 @@ use coord_sim::journal::Origin;
 
 pub(crate) use beliefs::{Beliefs, FaultSpan, PartStop};
 pub use elections::FencedWrites;
+pub use permits::Permits;
 pub use truth::Commit;
 pub(crate) use truth::Truth;
 

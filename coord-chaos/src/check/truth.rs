@@ -45,6 +45,15 @@ pub(crate) struct LeaderSpan {
     pub token: Option<Revision>,
 }
 
+/// A semaphore's queue (its keys' create revisions, oldest first), from some instant on.
+#[derive(Debug, Clone)]
+pub(crate) struct QueueSpan {
+    pub from: Duration,
+    /// The revision that made it so.
+    pub revision: Revision,
+    pub keys: Vec<Revision>,
+}
+
 /// One committed write transaction.
 #[derive(Debug, Clone)]
 pub struct Commit {
@@ -103,6 +112,8 @@ pub(crate) struct Truth {
     pub deletions: Vec<Deletion>,
     /// Per election, its leader over time.
     pub leaders: BTreeMap<String, Vec<LeaderSpan>>,
+    /// Per semaphore, its queue over time.
+    pub queues: BTreeMap<String, Vec<QueueSpan>>,
     /// Every commit, in order.
     pub commits: Vec<Commit>,
     /// Who granted each lease (the client id), and when.
@@ -151,6 +162,14 @@ impl Truth {
                 _ => None,
             })
             .collect();
+        let semaphores: BTreeSet<String> = history
+            .records
+            .iter()
+            .filter_map(|r| match &r.what {
+                Happening::PermitStart { semaphore, .. } => Some(semaphore.clone()),
+                _ => None,
+            })
+            .collect();
         let mut keys: BTreeMap<String, Live> = BTreeMap::new();
         let mut open_spans: BTreeMap<String, usize> = BTreeMap::new();
         let mut hosts = Fingerprint::default();
@@ -193,7 +212,9 @@ impl Truth {
                     let mut touched: BTreeSet<&str> = BTreeSet::new();
                     for e in events {
                         let key = String::from_utf8_lossy(&e.kv.key).into_owned();
-                        if let Some(name) = election_of(&key).and_then(|n| elections.get(n)) {
+                        if let Some(name) = election_of(&key)
+                            .and_then(|n| elections.get(n).or_else(|| semaphores.get(n)))
+                        {
                             touched.insert(name.as_str());
                         }
                         let before = keys.get(&key).cloned();
@@ -261,11 +282,24 @@ impl Truth {
                     }
                     for name in touched {
                         let prefix = format!("{name}/");
-                        let leader = keys
+                        let mut queue: Vec<Revision> = keys
                             .range(prefix.clone()..)
                             .take_while(|(k, _)| k.starts_with(&prefix))
                             .map(|(_, v)| v.create_revision)
-                            .min();
+                            .collect();
+                        queue.sort();
+                        if semaphores.contains(name) {
+                            let spans = t.queues.entry(name.to_owned()).or_default();
+                            if spans.last().map(|s| &s.keys) != Some(&queue) {
+                                spans.push(QueueSpan {
+                                    from: r.at,
+                                    revision: *revision,
+                                    keys: queue,
+                                });
+                            }
+                            continue;
+                        }
+                        let leader = queue.first().copied();
                         let spans = t.leaders.entry(name.to_owned()).or_default();
                         if spans.last().map(|s| s.token) != Some(leader) {
                             spans.push(LeaderSpan {
@@ -336,6 +370,21 @@ impl Truth {
             .take_while(|s| s.revision <= revision)
             .last()
             .and_then(|s| s.token)
+    }
+
+    /// The create revisions of the `seats` oldest keys of `semaphore` just after `revision`.
+    pub(crate) fn seated_at(
+        &self,
+        semaphore: &str,
+        revision: Revision,
+        seats: usize,
+    ) -> &[Revision] {
+        let keys = self
+            .queues
+            .get(semaphore)
+            .and_then(|q| q.iter().take_while(|s| s.revision <= revision).last())
+            .map_or(&[][..], |s| &s.keys[..]);
+        &keys[..keys.len().min(seats)]
     }
 
     /// The incarnation a client id belongs to (none for the operator and the store).
