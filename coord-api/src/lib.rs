@@ -33,6 +33,12 @@
 //! [`Leadership`]: recipes::Leadership
 //! [`ElectionPool`]: recipes::ElectionPool
 //!
+//! # Metrics
+//!
+//! The recipes record renewals, lost leases, heals, re-lists, campaigns, leadership changes
+//! and fenced-out writes through the `metrics` facade; [`metrics`] lists every name in one
+//! table. The library installs no recorder.
+//!
 //! # Backends
 //!
 //! * `coord-sim`: `SimStore`, an in-memory store that behaves like etcd 3.4, in virtual time.
@@ -59,6 +65,7 @@
 
 mod campaign;
 mod error;
+pub mod metrics;
 mod namespace;
 #[doc(hidden)]
 pub mod planted;

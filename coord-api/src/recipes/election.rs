@@ -91,6 +91,8 @@ impl Election {
     pub async fn campaign(&self, value: impl Into<Bytes>) -> Result<Leadership> {
         let value = value.into();
         let lease = self.session.lease();
+        crate::metrics::record::campaign_begun(&self.name);
+        let begun = tokio::time::Instant::now();
         if self.session.is_done() {
             return Err(self.ended(self.session.done().await));
         }
@@ -105,6 +107,7 @@ impl Election {
         self.runway(&won).await?;
         crate::sync::explore::point().await;
         tracing::info!(election = %self.name, token = %won.token, "leadership acquired");
+        crate::metrics::record::campaign_won_after(&self.name, begun.elapsed());
         Ok(Leadership::new(
             self.store.clone(),
             self.session.clone(),
@@ -137,6 +140,7 @@ impl Election {
         let value = value.into();
         let lease = self.session.lease();
         crate::validate::election_name(&self.name)?;
+        crate::metrics::record::campaign_begun(&self.name);
         let prefix = format!("{}/", self.name);
         let key = candidate_key(&self.name, lease);
         let _turn = self.session.campaign_turn(&self.name).await;
@@ -378,6 +382,20 @@ pub enum LossReason {
     Resigned,
 }
 
+impl LossReason {
+    /// The `reason` label of [`LEADERSHIP_ENDED`](crate::metrics::LEADERSHIP_ENDED).
+    pub fn label(self) -> &'static str {
+        match self {
+            LossReason::DeadlinePassed => "deadline_passed",
+            LossReason::LeaseLost => "lease_lost",
+            LossReason::KeyDeleted => "key_deleted",
+            LossReason::FencedOut => "fenced_out",
+            LossReason::SessionClosed => "session_closed",
+            LossReason::Resigned => "resigned",
+        }
+    }
+}
+
 impl std::fmt::Display for LossReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -445,6 +463,7 @@ impl Leadership {
         if let Some(h) = &held {
             h.fetch_add(1, Ordering::SeqCst);
         }
+        crate::metrics::record::leadership_acquired(&key.name);
         Leadership {
             store,
             session,
@@ -508,7 +527,7 @@ impl Leadership {
             why = rx.wait_for(Option::is_some) => why.ok().flatten().unwrap_or(LossReason::SessionClosed),
             end = self.session.done() => {
                 let why = LossReason::from(end);
-                lose(&self.lost, why);
+                lose(&self.lost, &self.key.name, why);
                 self.lost.get().unwrap_or(why)
             }
         }
@@ -552,7 +571,7 @@ impl Leadership {
     pub async fn proclaim(&self, value: impl Into<Bytes>) -> Result<()> {
         let r = self.store.proclaim(&self.key, value.into()).await;
         if matches!(r, Err(Error::NotLeader { .. })) {
-            lose(&self.lost, LossReason::KeyDeleted);
+            lose(&self.lost, &self.key.name, LossReason::KeyDeleted);
         }
         r
     }
@@ -563,7 +582,7 @@ impl Leadership {
     /// Whatever the delete fails with; the leadership has ended either way (its key then
     /// goes with the session's lease).
     pub async fn resign(self) -> Result<()> {
-        lose(&self.lost, LossReason::Resigned);
+        lose(&self.lost, &self.key.name, LossReason::Resigned);
         self.store.resign(&self.key).await?;
         tracing::info!(election = %self.key.name, token = %self.key.token, "leadership resigned");
         Ok(())
@@ -576,7 +595,7 @@ impl Leadership {
     /// and takes the key over, or waits until it is done. Never a delete that lands under a
     /// campaign that already rejoined the key.
     pub(crate) fn withdraw_in_background(self) {
-        lose(&self.lost, LossReason::Resigned);
+        lose(&self.lost, &self.key.name, LossReason::Resigned);
         if let campaign::Cleanup::HandOff(withdraw) = self.session.cleanup(&self.key.name) {
             withdraw(self.store.clone(), self.key.clone());
         }
@@ -585,6 +604,9 @@ impl Leadership {
 
 impl Drop for Leadership {
     fn drop(&mut self) {
+        // Dropped while standing: this process no longer holds it (the key itself stays
+        // until the session ends).
+        end(&self.lost, &self.key.name, LossReason::Resigned, "dropped");
         if let Some(h) = &self.held {
             h.fetch_sub(1, Ordering::SeqCst);
         }
@@ -650,7 +672,8 @@ impl Fence {
         if standing {
             return Ok(resp);
         }
-        if lose(&self.lost, LossReason::FencedOut) {
+        crate::metrics::record::fenced_out(&self.key.name);
+        if lose(&self.lost, &self.key.name, LossReason::FencedOut) {
             tracing::warn!(election = %self.key.name, token = %self.key.token, "fenced out: the store no longer counts this leadership");
         }
         Err(Error::FencedOut {
@@ -661,15 +684,29 @@ impl Fence {
 }
 
 /// Records why the leadership ended, if it had not ended already; true if this ended it.
-fn lose(lost: &watch::Sender<Option<LossReason>>, why: LossReason) -> bool {
-    lost.send_if_modified(|l| {
+fn lose(lost: &watch::Sender<Option<LossReason>>, election: &str, why: LossReason) -> bool {
+    end(lost, election, why, why.label())
+}
+
+/// Ends the leadership once, whoever sees it first, and counts it under `label`.
+fn end(
+    lost: &watch::Sender<Option<LossReason>>,
+    election: &str,
+    why: LossReason,
+    label: &'static str,
+) -> bool {
+    let first = lost.send_if_modified(|l| {
         if l.is_none() {
             *l = Some(why);
             true
         } else {
             false
         }
-    })
+    });
+    if first {
+        crate::metrics::record::leadership_ended(election, label);
+    }
+    first
 }
 
 /// Ends the leadership when the key goes or the session ends; logs the loss.
@@ -692,7 +729,7 @@ async fn watch_loss(
         end = session.done() => LossReason::from(end),
         _ = follow.until_gone(|kv| kv.create_revision == key.token) => LossReason::KeyDeleted,
     };
-    if lose(&lost, why) {
+    if lose(&lost, &key.name, why) {
         tracing::warn!(election = %key.name, token = %key.token, reason = %why, "leadership lost");
     }
 }

@@ -612,6 +612,7 @@ async fn run(shared: Arc<Shared>, first: Option<Held>, cancel: CancellationToken
         };
         if healing {
             tracing::info!(lease_id = %session.lease(), "registration healed");
+            crate::metrics::record::registration_healed();
         } else {
             tracing::info!(lease_id = %session.lease(), "registered");
         }
@@ -622,6 +623,7 @@ async fn run(shared: Arc<Shared>, first: Option<Held>, cancel: CancellationToken
             end = hold(&shared, &session, revisions) => end,
         };
         tracing::warn!(lease_id = %session.lease(), reason = %end, "registration lost; healing");
+        crate::metrics::record::registration_lost();
         // Said at once: evicting the lease below may wait behind a grant another recipe of
         // the host has in flight.
         shared
@@ -745,6 +747,7 @@ async fn put_back(shared: &Shared, session: &SessionHandle) -> Option<SessionEnd
         match put {
             Ok(_) => {
                 tracing::warn!("registered key was deleted under a live lease; put it back");
+                crate::metrics::record::registration_repaired();
                 return None;
             }
             Err(Error::LeaseNotFound { .. }) => return Some(SessionEnd::LeaseLost),

@@ -111,6 +111,18 @@ pub enum SessionEnd {
     Orphaned,
 }
 
+impl SessionEnd {
+    /// The `reason` label of [`SESSIONS_ENDED`](crate::metrics::SESSIONS_ENDED).
+    pub fn label(self) -> &'static str {
+        match self {
+            SessionEnd::LeaseLost => "lease_lost",
+            SessionEnd::Expired => "expired",
+            SessionEnd::Closed => "closed",
+            SessionEnd::Orphaned => "orphaned",
+        }
+    }
+}
+
 impl std::fmt::Display for SessionEnd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
@@ -201,6 +213,7 @@ impl Inner {
         });
         if ended {
             tracing::info!(lease_id = %self.lease, reason = %why, "session ended");
+            crate::metrics::record::session_ended(why.label());
         }
         // Whoever noticed the deadline first (the renewal task, or a waiter on `done`), the
         // abandoned lease is revoked once.
@@ -496,6 +509,7 @@ impl Session {
             }
         }
         tracing::debug!(parent: &span, "session started");
+        crate::metrics::record::session_started();
         let task = Task::spawn(span, |cancel| renewer.run(next, cancel));
         Ok(Session {
             handle: SessionHandle { inner },
@@ -772,6 +786,7 @@ impl Renewer {
                     s.last_renewal = Some(now);
                 });
                 tracing::trace!(ttl_ms = ttl.as_millis() as u64, "renewed");
+                crate::metrics::record::renewed(now - sent);
                 crate::sync::explore::point().await;
                 Attempt::Renewed { sent }
             }
@@ -819,7 +834,10 @@ impl Renewer {
                     self.backoff.reset();
                     next = sent + self.every;
                 }
-                Attempt::Failed(_) => next = Instant::now() + self.backoff.next_delay(),
+                Attempt::Failed(_) => {
+                    crate::metrics::record::renewal_failed();
+                    next = Instant::now() + self.backoff.next_delay();
+                }
                 Attempt::Ended(_) => return,
             }
         }

@@ -376,6 +376,7 @@ impl Worker {
     }
 
     fn publish(&self) {
+        crate::metrics::record::watcher_hosts(&self.config.prefix, self.view.hosts.len());
         self.view_tx.send_replace(Arc::new(self.view.clone()));
     }
 
@@ -441,6 +442,7 @@ impl Worker {
             match &outcome {
                 Broken::Closed { delivered, why } => {
                     tracing::debug!(reason = %why, revision = %self.view.revision, "watch broken; resuming");
+                    crate::metrics::record::watcher_resumed(&self.config.prefix);
                     from = self.view.revision.max(Revision(1));
                     if *delivered {
                         // It worked until now: resume at once.
@@ -455,7 +457,12 @@ impl Worker {
                     }
                     continue;
                 }
-                Broken::Compacted(_) | Broken::Silent(_) => {}
+                Broken::Compacted(_) => {
+                    crate::metrics::record::watcher_relisted(&self.config.prefix, "compacted")
+                }
+                Broken::Silent(_) => {
+                    crate::metrics::record::watcher_relisted(&self.config.prefix, "silent")
+                }
             }
             tracing::warn!(reason = %outcome, revision = %self.view.revision, "watch broken; re-listing");
             // Re-list until it works and is not behind what we have seen.
@@ -587,6 +594,11 @@ impl Worker {
 
     /// Applies one watch batch to the view, collecting the events to emit.
     fn apply(&mut self, batch: crate::WatchResponse, out: &mut Vec<ClusterEvent>) {
+        let newest = batch
+            .events
+            .last()
+            .map_or(batch.revision, |e| e.kv.mod_revision);
+        crate::metrics::record::watcher_lag(&self.config.prefix, batch.revision.0 - newest.0);
         for event in batch.events {
             let rev = event.kv.mod_revision;
             if rev <= self.view.revision {
