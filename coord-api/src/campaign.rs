@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::StreamExt;
+use tracing::Instrument;
 
 use crate::error::{Error, ErrorClass, Result};
 use crate::recipes::follow::{Change, Follow};
@@ -71,11 +72,22 @@ pub(crate) async fn campaign<S: KvLeaseStore + ?Sized>(
     value: Bytes,
     lease: LeaseId,
 ) -> Result<LeaderKey> {
-    campaign_with(store, name, value, lease, Cleanup::Once, 1).await
+    campaign_with(store, name, value, lease, Cleanup::Once, 1, None)
+        .await
+        .map(|(leader, _)| leader)
 }
+
+/// A session's turn to campaign (or withdraw) in one election: see `SessionHandle`'s
+/// `campaign_turn`.
+pub(crate) type Turn = tokio::sync::OwnedMutexGuard<()>;
 
 /// The campaign algorithm; see [`KvLeaseStore::campaign`]. With `seats` above one it is a
 /// semaphore's: the key wins once fewer than `seats` keys are older than it.
+///
+/// `turn`, the session's turn in this election, is handed back with the win. While the
+/// candidate key's write is outstanding, the write owns the turn: if the campaign is dropped
+/// then, the write still settles before the turn passes on, so the withdrawal (which waits
+/// for the turn) cannot land before a write sent earlier and be undone by it.
 pub(crate) async fn campaign_with<S: KvLeaseStore + ?Sized>(
     store: &S,
     name: &str,
@@ -83,7 +95,8 @@ pub(crate) async fn campaign_with<S: KvLeaseStore + ?Sized>(
     lease: LeaseId,
     cleanup: Cleanup,
     seats: usize,
-) -> Result<LeaderKey> {
+    turn: Option<Turn>,
+) -> Result<(LeaderKey, Option<Turn>)> {
     validate::election_name(name)?;
     let key = candidate_key(name, lease);
     let mut leader = LeaderKey {
@@ -96,14 +109,11 @@ pub(crate) async fn campaign_with<S: KvLeaseStore + ?Sized>(
     // Armed before the write: a reply lost in flight (Indeterminate) or a cancellation while
     // it is outstanding must not leave a candidate queued that nobody waits for.
     let mut guard = CleanupGuard::new(store.shared(), leader.clone(), cleanup);
-    let written = store
-        .txn(
-            TxnRequest::new()
-                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                .and_then([PutRequest::new(key.clone(), value.to_vec()).with_lease(lease)])
-                .or_else([GetRequest::key(key.clone())]),
-        )
-        .await;
+    let txn = TxnRequest::new()
+        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+        .and_then([PutRequest::new(key.clone(), value.to_vec()).with_lease(lease)])
+        .or_else([GetRequest::key(key.clone())]);
+    let (written, turn) = settled(store.shared(), txn, turn).await;
     let resp = match written {
         Ok(r) => r,
         Err(e) => {
@@ -146,10 +156,39 @@ pub(crate) async fn campaign_with<S: KvLeaseStore + ?Sized>(
         Ok(()) => {
             guard.disarm();
             tracing::debug!(election = name, token = %leader.token, "campaign won");
-            Ok(leader)
+            Ok((leader, turn))
         }
         // The guard deletes the key on the way out: a failed campaign leaves nothing queued.
         Err(err) => Err(err),
+    }
+}
+
+/// Runs `txn` as a task of its own that owns `turn` until the store answers, so that
+/// dropping the caller does not release the turn while the write may still land.
+pub(crate) async fn settled(
+    store: Arc<DynKvLeaseStore>,
+    txn: TxnRequest,
+    turn: Option<Turn>,
+) -> (Result<crate::TxnResponse>, Option<Turn>) {
+    let Some(turn) = turn else {
+        return (store.txn(txn).await, None);
+    };
+    let write = tokio::spawn(
+        async move {
+            let r = store.txn(txn).await;
+            (r, turn)
+        }
+        .in_current_span(),
+    );
+    match write.await {
+        Ok((r, turn)) => (r, Some(turn)),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => (
+            Err(Error::Cancelled {
+                operation: "campaign",
+            }),
+            None,
+        ),
     }
 }
 

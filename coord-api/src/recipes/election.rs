@@ -97,12 +97,12 @@ impl Election {
             return Err(self.ended(self.session.done().await));
         }
         // Campaigns on one lease in one election write one key: one at a time.
-        let _turn = self.session.campaign_turn(&self.name).await;
+        let turn = self.session.campaign_turn(&self.name).await;
         let cleanup = self.session.cleanup(&self.name);
-        let won = tokio::select! {
+        let (won, _turn) = tokio::select! {
             biased;
             end = self.session.done() => return Err(self.ended(end)),
-            r = campaign::campaign_with(&*self.store, &self.name, value, lease, cleanup, self.seats) => r?,
+            r = campaign::campaign_with(&*self.store, &self.name, value, lease, cleanup, self.seats, Some(turn)) => r?,
         };
         self.runway(&won).await?;
         crate::sync::explore::point().await;
@@ -143,28 +143,28 @@ impl Election {
         crate::metrics::record::campaign_begun(&self.name);
         let prefix = format!("{}/", self.name);
         let key = candidate_key(&self.name, lease);
-        let _turn = self.session.campaign_turn(&self.name).await;
+        let turn = self.session.campaign_turn(&self.name).await;
         if self.seats > 1 {
-            return self.try_seat(value, prefix, key).await;
+            return self.try_seat(value, prefix, key, turn).await;
         }
         // If no candidate exists, put ours; else read the queue. One transaction, so it cannot
         // lose a race with another candidate (go-coord's TryCampaign could, and then blocked).
-        let written = self
-            .store
-            .txn(
-                TxnRequest::new()
-                    .when([
-                        if crate::planted::enabled(crate::planted::Bug::TryLockIgnoresTheQueue) {
-                            Compare::create_revision(key.clone(), CompareOp::Equal, 0)
-                        } else {
-                            Compare::create_revision(prefix.clone(), CompareOp::Equal, 0)
-                                .with_prefix()
-                        },
-                    ])
-                    .and_then([PutRequest::new(key.clone(), value.to_vec()).with_lease(lease)])
-                    .or_else([GetRequest::prefix(prefix)]),
-            )
-            .await;
+        // The write owns the turn until it settles, as a campaign's does.
+        let (written, _turn) = campaign::settled(
+            self.store.clone(),
+            TxnRequest::new()
+                .when([
+                    if crate::planted::enabled(crate::planted::Bug::TryLockIgnoresTheQueue) {
+                        Compare::create_revision(key.clone(), CompareOp::Equal, 0)
+                    } else {
+                        Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_prefix()
+                    },
+                ])
+                .and_then([PutRequest::new(key.clone(), value.to_vec()).with_lease(lease)])
+                .or_else([GetRequest::prefix(prefix)]),
+            Some(turn),
+        )
+        .await;
         let resp = match written {
             Ok(r) => r,
             Err(e) => {
@@ -214,6 +214,25 @@ impl Election {
         )))
     }
 
+    /// Takes this session's key out of the election, waiting or leading, once any campaign
+    /// of this session's that was writing it has settled: after this returns, nothing of the
+    /// session's stands in the election or is written into it, until it campaigns again.
+    ///
+    /// Dropping a campaign deletes its key in the background, and a write it had in flight
+    /// may land later; a service that stops with a campaign (a `lock`, an `acquire`)
+    /// outstanding calls this to know when its key is gone.
+    ///
+    /// # Errors
+    /// Whatever the delete fails with; the key then goes with the session's lease.
+    pub async fn leave(&self) -> Result<()> {
+        let _turn = self.session.campaign_turn(&self.name).await;
+        let key = candidate_key(&self.name, self.session.lease());
+        self.store
+            .delete(crate::DeleteRequest::key(key))
+            .await
+            .map(|_| ())
+    }
+
     /// The current leader's key and value.
     ///
     /// # Errors
@@ -229,44 +248,49 @@ impl Election {
 
     /// Never hands out a leadership on a dead session, nor on one with moments left: waits for
     /// a renewal when less than half the TTL is left, then confirms the key still leads (it
-    /// may have gone while waiting).
+    /// may have gone while waiting). The confirming read may itself take long (its reply held
+    /// past the session's deadline), so the session is judged again after it: the runway
+    /// holds when this returns, not only when the check began.
     async fn runway(&self, won: &LeaderKey) -> Result<()> {
-        match self.session.fresh(self.session.ttl() / 2).await {
-            Ok(false) => Ok(()),
-            Ok(true) => {
-                let leads = if self.seats > 1 {
-                    campaign::seat(&*self.store, won, self.seats)
-                        .await
-                        .map(|s| matches!(s, campaign::Seat::Held))
-                } else {
-                    match self.store.leader(&self.name).await {
-                        Ok(kv) => Ok(kv.key == won.key && kv.create_revision == won.token),
-                        Err(Error::NoLeader { .. }) => Ok(false),
-                        Err(e) => Err(e),
-                    }
-                };
-                match leads {
-                    Ok(true) => Ok(()),
+        loop {
+            match self.session.fresh(self.session.ttl() / 2).await {
+                Ok(false) => return Ok(()),
+                Ok(true) => match self.still_leads(won).await {
+                    Ok(true) => continue,
                     Ok(false) => {
                         let _ = self.store.resign(won).await;
-                        Err(Error::CandidacyLost {
+                        return Err(Error::CandidacyLost {
                             election: self.name.clone(),
                             key: String::from_utf8_lossy(&won.key).into_owned(),
                             lease: won.lease,
                             reason: "the candidate key was deleted while the session renewed"
                                 .to_owned(),
-                        })
+                        });
                     }
                     Err(e) => {
                         let _ = self.store.resign(won).await;
-                        Err(e)
+                        return Err(e);
                     }
+                },
+                Err(end) => {
+                    let _ = self.store.resign(won).await;
+                    return Err(self.ended(end));
                 }
             }
-            Err(end) => {
-                let _ = self.store.resign(won).await;
-                Err(self.ended(end))
-            }
+        }
+    }
+
+    /// Whether `won` still holds a seat (the leadership, with one seat), read from the store.
+    async fn still_leads(&self, won: &LeaderKey) -> Result<bool> {
+        if self.seats > 1 {
+            return campaign::seat(&*self.store, won, self.seats)
+                .await
+                .map(|s| matches!(s, campaign::Seat::Held));
+        }
+        match self.store.leader(&self.name).await {
+            Ok(kv) => Ok(kv.key == won.key && kv.create_revision == won.token),
+            Err(Error::NoLeader { .. }) => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
@@ -278,6 +302,7 @@ impl Election {
         value: Bytes,
         prefix: String,
         key: String,
+        turn: campaign::Turn,
     ) -> Result<Option<Leadership>> {
         let lease = self.session.lease();
         let oldest = || {
@@ -285,18 +310,18 @@ impl Election {
                 .with_sort(crate::SortTarget::Create, crate::SortOrder::Ascend)
                 .with_limit(self.seats as u64)
         };
-        let written = self
-            .store
-            .txn(
-                TxnRequest::new()
-                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                    .and_then([
-                        TxnOp::Get(oldest()),
-                        TxnOp::Put(PutRequest::new(key.clone(), value.to_vec()).with_lease(lease)),
-                    ])
-                    .or_else([oldest()]),
-            )
-            .await;
+        let (written, _turn) = campaign::settled(
+            self.store.clone(),
+            TxnRequest::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then([
+                    TxnOp::Get(oldest()),
+                    TxnOp::Put(PutRequest::new(key.clone(), value.to_vec()).with_lease(lease)),
+                ])
+                .or_else([oldest()]),
+            Some(turn),
+        )
+        .await;
         let mut won = LeaderKey {
             name: self.name.clone(),
             key: Bytes::from(key),

@@ -88,6 +88,15 @@ impl Mutex {
         }
     }
 
+    /// Takes this session's key out of the lock's queue, waiting or holding, once any
+    /// `lock` of this session's that was writing it has settled; see [`Election::leave`].
+    ///
+    /// # Errors
+    /// As [`Election::leave`].
+    pub async fn leave(&self) -> Result<()> {
+        self.election.leave().await
+    }
+
     /// Takes the lock if nobody holds it or waits for it, in one transaction; never waits
     /// and never queues. `Ok(None)` when someone else holds it.
     ///

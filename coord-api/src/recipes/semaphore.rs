@@ -118,6 +118,15 @@ impl Semaphore {
         }
     }
 
+    /// Takes this session's key out of the semaphore's queue, waiting or holding, once any
+    /// `acquire` of this session's that was writing it has settled; see [`Election::leave`].
+    ///
+    /// # Errors
+    /// As [`Election::leave`].
+    pub async fn leave(&self) -> Result<()> {
+        self.election.leave().await
+    }
+
     /// Takes a permit if one is free; never waits. `Ok(None)` when all are held (or
     /// waited for by older waiters). One transaction writes the key and reads the keys before
     /// it; when no permit was free the key is deleted again before this returns.

@@ -74,6 +74,7 @@ macro_rules! recipe_tests {
             mutex::mutex_excludes_and_hands_over_in_queue_order,
             mutex::mutex_guard_dropped_unlocks,
             mutex::mutex_holder_whose_key_is_deleted_is_fenced_out,
+            mutex::mutex_leave_after_a_dropped_lock_leaves_no_key,
             semaphore::semaphore_admits_n_and_hands_over_in_queue_order,
             semaphore::semaphore_permit_dropped_releases,
             semaphore::semaphore_holder_whose_key_is_deleted_is_fenced_out,

@@ -96,3 +96,34 @@ pub async fn mutex_holder_whose_key_is_deleted_is_fenced_out(fx: &dyn Fixture) {
         "b"
     );
 }
+
+/// A `lock()` dropped while its key's write is in flight, then `leave()`: once `leave`
+/// returns the key is gone and stays gone. On the simulator the client's delay is lifted
+/// between the two, so a delete sent after the drop would overtake the write (what a second
+/// connection, or a busy server, can do); `leave` waits for the write to settle. Through
+/// etcd's one connection the order holds anyway, and the case checks the outcome.
+pub async fn mutex_leave_after_a_dropped_lock_leaves_no_key(fx: &dyn Fixture) {
+    let store = fx.store();
+    let a = session(fx, &store).await;
+    let _held = Mutex::new(&a, "lock").lock().await.unwrap();
+    let client = fx.client().await;
+    let b = session(fx, &client.store).await;
+    let key = crate::candidate_key("lock", b.lease());
+    let delay = fx.ttl() / 10;
+    client.delay_requests(delay);
+    let waiting = Mutex::new(&b, "lock");
+    // Dropped half-way through the write's delay: the write is on its way.
+    let dropped = tokio::time::timeout(delay / 2, waiting.lock()).await;
+    assert!(dropped.is_err(), "b got a held lock");
+    client.delay_requests(std::time::Duration::ZERO);
+    within(prompt(fx) + delay, "b to leave", waiting.leave())
+        .await
+        .unwrap();
+    assert!(!present(&store, &key).await, "b's key stands after leave");
+    // Whatever was in flight has landed by now; nothing brought the key back.
+    tokio::time::sleep(delay * 2).await;
+    assert!(
+        !present(&store, &key).await,
+        "b's key came back after leave returned"
+    );
+}
