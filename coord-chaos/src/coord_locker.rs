@@ -12,8 +12,10 @@
 
 use std::time::Duration;
 
-use coord_api::recipes::{Fence, HostSession, LossReason, Mutex, MutexGuard, Permit, Semaphore};
-use coord_api::{DeleteRequest, Error, KvLeaseStore, LeaseId, PutRequest, Revision, TxnRequest};
+use coord_api::recipes::{
+    Fence, HostSession, LossReason, Mutex, MutexGuard, Permit, Semaphore, SessionHandle,
+};
+use coord_api::{Error, PutRequest, Revision, TxnRequest};
 use tokio_util::sync::CancellationToken;
 
 use crate::history::{Happening, Outcome};
@@ -125,11 +127,11 @@ pub(crate) async fn locker(
     stop: CancellationToken,
 ) -> coord_api::Result<()> {
     let ttl = node.scenario().ttl;
-    // Every lease it queued under: after a store restart refreshed an abandoned one, a key
-    // under it lives on.
-    let mut leases = Vec::new();
+    // Every session it queued under: after a store restart refreshed an abandoned lease, a
+    // key under it lives on.
+    let mut sessions = Vec::new();
     while !stop.is_cancelled() {
-        let Some(guard) = take(what, &node, &host, &mut rng, &stop, &mut leases).await else {
+        let Some(guard) = take(what, &node, &host, &mut rng, &stop, &mut sessions).await else {
             continue;
         };
         let token = guard.token();
@@ -146,10 +148,13 @@ pub(crate) async fn locker(
         }
     }
     // A wait called off by the stop, or a guard dropped, leaves its key to a background
-    // delete: the stop must not return before the keys are gone.
-    for lease in leases {
-        let key = coord_api::candidate_key(what.name(), lease);
-        host.store().delete(DeleteRequest::key(key)).await?;
+    // delete, and may leave a write in flight: the stop must not return before they have
+    // settled and the keys are gone.
+    for session in sessions {
+        match what {
+            Shared::Lock => Mutex::new(session, LOCK).leave().await?,
+            Shared::Permit => Semaphore::new(session, SEMAPHORE, PERMITS).leave().await?,
+        }
     }
     Ok(())
 }
@@ -162,7 +167,7 @@ async fn take(
     host: &HostSession,
     rng: &mut Rng,
     stop: &CancellationToken,
-    leases: &mut Vec<LeaseId>,
+    sessions: &mut Vec<SessionHandle>,
 ) -> Option<Guard> {
     let s = node.scenario();
     let pause = |rng: &mut Rng| {
@@ -177,8 +182,8 @@ async fn take(
                 return None;
             }
         };
-        if !leases.contains(&session.lease()) {
-            leases.push(session.lease());
+        if !sessions.iter().any(|s| s.lease() == session.lease()) {
+            sessions.push(session.clone());
         }
         if rng.chance(0.3) {
             let tried = match what {

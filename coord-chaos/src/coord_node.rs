@@ -127,13 +127,15 @@ async fn run(node: Node) {
     }
     node.record(Happening::Stopping(node.who()));
     let mut clean = true;
-    // The candidates and the lock holder let go first, then the registration's key goes,
-    // then the host's lease.
-    if let Some(p) = pool {
-        clean &= p.stop().await.is_ok();
-    }
+    // The registration's key goes first, as a service leaves its peers' views before it
+    // lets go of its work: a slow stop of the candidates and lock holders (a round trip each
+    // on a slow link) must not keep an old incarnation's key over a new one's (S7). Then the
+    // candidates and holders let go, then the host's lease.
     if let Some(r) = registration.take_running().await {
         clean &= r.stop().await.is_ok();
+    }
+    if let Some(p) = pool {
+        clean &= p.stop().await.is_ok();
     }
     clean &= host.stop().await.is_ok();
     if let Some(w) = watcher {

@@ -110,7 +110,7 @@ fn seeded_runs_of_the_default_scenario_hold_every_invariant() {
 
 /// Every seed that ever failed, outside the range the test above runs, replayed on every CI
 /// run so that a fixed bug stays fixed.
-const REGRESSION_SEEDS: [u64; 37] = [
+const REGRESSION_SEEDS: [u64; 41] = [
     // A stop during a heal returned Ok and left the key under an abandoned lease (L7).
     1266,
     // A campaign's withdrawal, retried until it landed, deleted the node's next leader key
@@ -136,6 +136,13 @@ const REGRESSION_SEEDS: [u64; 37] = [
     // The lock part's stop waited for a fenced write stuck behind a lost reply, and the old
     // incarnation's registration healed its key beside the new one's meanwhile (S7).
     8095,
+    // With the semaphore part (new): a campaign's confirming read, its reply held past the
+    // session's deadline, handed out a permit on an expired session (P1, P3); an old
+    // incarnation's slow pool stop kept its healed key over the new one's (S7); a lock
+    // campaign's put, dropped by the stop under latency, landed after the keys were deleted
+    // (L7); a grant whose reply was lost just before the heal waited out the request timeout
+    // past L1's bound, which did not count it (L1).
+    1728, 3264, 7099, 2189,
 ];
 
 #[test]

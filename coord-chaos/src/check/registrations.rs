@@ -140,14 +140,32 @@ pub(super) fn s7_single_registration(run: &Run<'_>, out: &mut Vec<Violation>) {
     }
 }
 
-/// L1: by t_h + τ + B + ET + RTT every live node is registered, believes it, and stays so.
-/// And a lone loss (the lease revoked, the key deleted, with nothing else near) heals within
+/// L1: by t_h + τ + B + ET + RTT every live node is registered, believes it, and stays so
+/// (plus the request timeout for a node whose lost replies may have lingered to the heal: a
+/// write that took one just before the heal waits it out). And a lone loss (the lease revoked, the key deleted, with nothing else near) heals within
 /// the backoff's first step, every time: a backoff that does not start over after a heal
 /// fails the second one.
 pub(super) fn l1_self_healing(run: &Run<'_>, out: &mut Vec<Violation>) {
-    let from = run.beliefs.heal + heal_bound(run);
-    if from < run.end {
+    let s = run.scenario;
+    let heal = run.beliefs.heal;
+    if heal + heal_bound(run) < run.end {
         for who in live_at_end(run) {
+            let lingered = run.beliefs.faults.iter().any(|f| {
+                f.fault.kind == FaultKind::LostReplies
+                    && f.fault.node == who.node
+                    && f.from <= heal
+                    && f.from + s.ttl * 2 + s.request_timeout * 3 >= heal
+            });
+            let bound = heal_bound(run)
+                + if lingered {
+                    s.request_timeout
+                } else {
+                    Duration::ZERO
+                };
+            let from = heal + bound;
+            if from >= run.end {
+                continue;
+            }
             let key = host_key(who.node);
             // The key must exist under this incarnation's lease from `from` to the end.
             let span = run.truth.key_spans.iter().find(|s| {
@@ -171,7 +189,7 @@ pub(super) fn l1_self_healing(run: &Run<'_>, out: &mut Vec<Violation>) {
                     format!(
                         "not registered for good by {:.3}s (heal + {:.3}s): key held to the end: {covered}, believed: {believed}",
                         from.as_secs_f64(),
-                        heal_bound(run).as_secs_f64()
+                        bound.as_secs_f64()
                     ),
                 ));
             }
