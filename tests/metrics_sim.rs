@@ -149,9 +149,12 @@ async fn sessions_and_registrations() {
     cut.repair();
 
     // A session closed by its owner.
-    let s = Session::new(store(&sim.connect()), SessionConfig::default().with_ttl(TTL))
-        .await
-        .expect("session");
+    let s = Session::new(
+        store(&sim.connect()),
+        SessionConfig::default().with_ttl(TTL),
+    )
+    .await
+    .expect("session");
     s.stop().await.expect("close");
 }
 
@@ -179,8 +182,15 @@ fn sessions_and_registrations_count_renewals_losses_and_heals() {
     assert!(ok >= 2, "{ok} renewals acknowledged");
     assert_eq!(failed, 1, "renewals failed");
     let latencies = histogram(&figures, m::SESSION_RENEWAL_SECONDS, &[]);
-    assert_eq!(latencies.len() as u64, ok, "one latency per acknowledged renewal");
-    assert!(latencies.iter().all(|s| (0.0..1.0).contains(s)), "{latencies:?}");
+    assert_eq!(
+        latencies.len() as u64,
+        ok,
+        "one latency per acknowledged renewal"
+    );
+    assert!(
+        latencies.iter().all(|s| (0.0..1.0).contains(s)),
+        "{latencies:?}"
+    );
 }
 
 async fn admin_lease(admin: &Arc<DynKvLeaseStore>, key: &str) -> coord_api::LeaseId {
@@ -259,7 +269,10 @@ async fn an_election() {
     let election_b = Election::new(&b, "m/leader");
     let waiting = tokio::spawn(async move { election_b.campaign("b").await });
     sleep(Duration::from_secs(2)).await;
-    admin.delete_key(leading.key().key.to_vec()).await.expect("delete");
+    admin
+        .delete_key(leading.key().key.to_vec())
+        .await
+        .expect("delete");
     let b_leads = waiting.await.expect("join").expect("b leads");
     assert_eq!(leading.lost().await, LossReason::KeyDeleted);
 
@@ -316,7 +329,11 @@ fn elections_count_campaigns_changes_and_fenced_out_writes() {
 #[test]
 fn every_metric_in_the_table_is_recorded() {
     let mut seen = std::collections::BTreeSet::new();
-    seen.extend(recorded(sessions_and_registrations).into_keys().map(|k| k.0));
+    seen.extend(
+        recorded(sessions_and_registrations)
+            .into_keys()
+            .map(|k| k.0),
+    );
     seen.extend(recorded(a_watcher).into_keys().map(|k| k.0));
     seen.extend(recorded(an_election).into_keys().map(|k| k.0));
     let missing: Vec<_> = m::ALL.iter().filter(|n| !seen.contains(**n)).collect();

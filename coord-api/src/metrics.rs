@@ -15,7 +15,7 @@
 //! | `coord_registration_repairs_total` | counter | | registered keys deleted under a live lease and put back |
 //! | `coord_watcher_relists_total` | counter | `prefix`; `reason`: `compacted`, `silent` | full re-reads of a watched prefix |
 //! | `coord_watcher_resumes_total` | counter | `prefix` | broken watches resumed from the last revision, without a re-read |
-//! | `coord_watcher_lag_revisions` | gauge | `prefix` | how far the watch stream was behind the store when its latest batch was sent: the batch's revision less its newest event's (0 for a progress notification) |
+//! | `coord_watcher_lag_revisions` | gauge | `prefix` | how far the watch stream was behind the store when its latest batch was sent: the batch's revision less its newest event's (0 for a progress notification). An upper bound: it counts writes outside the prefix too, so a few on a busy store is normal; thousands mean a watcher catching up |
 //! | `coord_watcher_hosts` | gauge | `prefix` | hosts in the view |
 //! | `coord_campaigns_total` | counter | `election` | campaigns begun, waiting or `try_` |
 //! | `coord_campaign_wait_seconds` | histogram | `election` | from a waiting campaign's start until it leads |
