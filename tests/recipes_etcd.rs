@@ -127,6 +127,7 @@ fn run(case: Case) {
 }
 
 coord_api::recipe_tests!(run);
+coord_api::typed_recipe_tests!(run);
 
 /// Every case again, through a namespace (`Namespaced`).
 mod namespaced {
@@ -146,6 +147,7 @@ mod namespaced {
     }
 
     coord_api::recipe_tests!(run);
+    coord_api::typed_recipe_tests!(run);
 }
 
 // ---- figures ------------------------------------------------------------------------------

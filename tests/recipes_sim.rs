@@ -84,6 +84,7 @@ fn run(case: Case) {
 }
 
 coord_api::recipe_tests!(run);
+coord_api::typed_recipe_tests!(run);
 
 /// Every case again, through a namespace (`Namespaced`).
 mod namespaced {
@@ -105,4 +106,5 @@ mod namespaced {
     }
 
     coord_api::recipe_tests!(run);
+    coord_api::typed_recipe_tests!(run);
 }

@@ -10,6 +10,7 @@
 //! | [`ElectionPool`] | many elections on one self-replacing session |
 //! | [`Mutex`] / [`MutexGuard`] | a lock with a fencing token, sharing etcd's Go and `etcdctl lock` layout |
 //! | [`Semaphore`] / [`Permit`] | N permits, each with a fencing token the store checks |
+//! | `TypedWatcher` (feature `serde`) | a `ClusterWatcher` with each host's metadata decoded from JSON; see `typed` |
 //!
 //! Every recipe logs its lifecycle with `tracing` (registered, healed, lost, leader acquired
 //! and lost, watcher resynced) and never installs a subscriber.
@@ -28,6 +29,9 @@ pub(crate) mod retry;
 mod semaphore;
 mod session;
 mod task;
+#[cfg(feature = "serde")]
+#[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
+pub mod typed;
 mod watcher;
 
 pub use candidate::{Candidate, CandidateConfig, CandidateStatus, Term};
@@ -40,4 +44,6 @@ pub use registration::{
 };
 pub use semaphore::{Permit, Semaphore};
 pub use session::{Session, SessionConfig, SessionEnd, SessionHandle, SessionHealth};
+#[cfg(feature = "serde")]
+pub use typed::{decode_metadata, encode_metadata, MetadataError, TypedEvent, TypedWatcher};
 pub use watcher::{ClusterEvent, ClusterView, ClusterWatcher, ClusterWatcherConfig, HostChange};

@@ -24,6 +24,8 @@ pub mod registration;
 pub mod semaphore;
 pub mod session;
 mod support;
+#[cfg(feature = "serde")]
+pub mod typed;
 pub mod watcher;
 
 pub use fixture::{Client, Control, Fixture, InNamespace};
@@ -88,5 +90,17 @@ macro_rules! recipe_tests {
                 $run(|fx| ::std::boxed::Box::pin($crate::testkit::recipes::$module::$case(fx)));
             }
         )*
+    };
+}
+
+/// The typed-metadata cases (feature `serde`), as [`recipe_tests!`] does the others.
+#[cfg(feature = "serde")]
+#[macro_export]
+macro_rules! typed_recipe_tests {
+    ($run:ident) => {
+        $crate::recipe_tests!(@ $run;
+            typed::typed_watcher_decodes_and_keeps_undecodable_hosts,
+            typed::typed_metadata_that_cannot_be_encoded_is_refused,
+        );
     };
 }
