@@ -54,6 +54,7 @@
 //! | feature     | what it adds |
 //! |-------------|--------------|
 //! | `test-util` | `testkit`: the conformance suite every backend runs, and `conformance_tests!`. Not API-stable. |
+//! | `tower` | discovery: a `ClusterWatcher` as a `tower::discover::Discover` stream (`recipes::discover`), which tonic's balanced channel follows. |
 //! | `serde` | typed metadata: registrations and watchers over a serde type, encoded as JSON (`recipes::typed`). |
 //! | `planted-bugs` | deliberate defects in the recipes, each switched on at run time, for proving the chaos checkers (not part of the API). Never in production. |
 //!

@@ -10,6 +10,7 @@
 //! | [`ElectionPool`] | many elections on one self-replacing session |
 //! | [`Mutex`] / [`MutexGuard`] | a lock with a fencing token, sharing etcd's Go and `etcdctl lock` layout |
 //! | [`Semaphore`] / [`Permit`] | N permits, each with a fencing token the store checks |
+//! | `discover` (feature `tower`) | a `ClusterWatcher` as a `tower::discover::Discover` stream, for tonic's balancing |
 //! | `TypedWatcher` (feature `serde`) | a `ClusterWatcher` with each host's metadata decoded from JSON; see `typed` |
 //!
 //! Every recipe logs its lifecycle with `tracing` (registered, healed, lost, leader acquired
@@ -18,6 +19,9 @@
 //! [`KvLeaseStore`]: crate::KvLeaseStore
 
 mod candidate;
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub mod discover;
 mod election;
 pub(crate) mod follow;
 mod hold;
@@ -35,6 +39,8 @@ pub mod typed;
 mod watcher;
 
 pub use candidate::{Candidate, CandidateConfig, CandidateStatus, Term};
+#[cfg(feature = "tower")]
+pub use discover::discover;
 pub use election::{Election, Fence, Leadership, LossReason};
 pub use host::{HostSession, HostSessionStats};
 pub use mutex::{Mutex, MutexGuard};
