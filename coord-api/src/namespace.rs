@@ -1,11 +1,4 @@
 //! A store seen through a key prefix: [`Namespaced`].
-//!
-//! Several services (or several environments of one) can share one etcd cluster without
-//! their keys, elections or watches meeting: each sees the store through its own prefix.
-//! Like etcd's Go `namespace` package, every key of a request is prefixed on the way in and
-//! stripped on the way out (responses, watch events, leaders, errors); leases and revisions
-//! are the cluster's own and pass through unchanged. Unlike it, elections are included: an
-//! election's name is prefixed like a key, so its candidate keys live under the prefix too.
 
 use std::fmt;
 use std::sync::Arc;
@@ -25,7 +18,14 @@ use crate::store::{DynKvLeaseStore, KeepAlive, KvLeaseStore, LeaderStream, Watch
 use crate::types::{Event, KeyRange, KeyValue, LeaseId, Limits, Revision};
 use crate::validate;
 
-/// A store whose every key lives under `prefix`; see the [module docs](self).
+/// A store whose every key lives under `prefix`.
+///
+/// Several services (or several environments of one) can share one etcd cluster without
+/// their keys, elections or watches meeting: each sees the store through its own prefix.
+/// Like etcd's Go `namespace` package, every key of a request is prefixed on the way in and
+/// stripped on the way out (responses, watch events, leaders, errors); leases and revisions
+/// are the cluster's own and pass through unchanged. Unlike it, elections are included: an
+/// election's name is prefixed like a key, so its candidate keys live under the prefix too.
 ///
 /// ```
 /// # async fn run(store: std::sync::Arc<coord_api::DynKvLeaseStore>) -> coord_api::Result<()> {
