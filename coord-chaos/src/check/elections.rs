@@ -64,7 +64,7 @@ pub(super) fn s1_tokens_grow(run: &Run<'_>, out: &mut Vec<Violation>) {
                 d.create_revision == *token
                     && d.key.starts_with(&p)
                     && d.at <= r.at
-                    && r.at <= d.at + run.rtt()
+                    && r.at <= d.at + run.reply_window(who.node, r.at)
             });
             if token <= prev && !rejoined && !stale {
                 out.push(run.violation(
@@ -241,10 +241,10 @@ pub(super) fn excused_overlap(
 }
 
 /// S3: a leadership begins only while its key exists and is the oldest of the election
-/// (within one round trip), and ends within the notice bound after the key is deleted.
+/// (within one round trip, a slow reply's included), and ends within the notice bound after the key is deleted.
 pub(super) fn s3_no_phantom_leadership(run: &Run<'_>, out: &mut Vec<Violation>) {
-    let window = run.rtt();
     for l in &run.beliefs.leading {
+        let window = run.reply_window(l.who.node, l.from);
         let spans = run
             .truth
             .leaders

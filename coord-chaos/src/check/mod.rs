@@ -198,6 +198,26 @@ impl<'a> Run<'a> {
         self.scenario.rtt() + Duration::from_millis(800)
     }
 
+    /// How long before `at` the store may have answered a reply that reached `node` at
+    /// `at`: [`rtt`](Self::rtt), plus the added delay of a slow-replies fault on the node
+    /// whose replies may still be arriving then (up to 1.5 s, more than `rtt` allows for).
+    pub fn reply_window(&self, node: usize, at: Duration) -> Duration {
+        let slow = self
+            .beliefs
+            .faults
+            .iter()
+            .filter(|f| {
+                f.fault.kind == crate::fault::FaultKind::SlowReplies
+                    && f.fault.node == node
+                    && f.from <= at
+                    && at <= f.until + f.fault.added_latency() + self.rtt()
+            })
+            .map(|f| f.fault.added_latency())
+            .max()
+            .unwrap_or_default();
+        self.rtt() + slow
+    }
+
     /// A violation of `invariant`.
     pub fn violation(
         &self,

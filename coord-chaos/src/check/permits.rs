@@ -127,7 +127,6 @@ impl Permits {
     /// P3: a permit is believed only from when its key is among the N oldest (within one
     /// round trip), and no longer than its key stands (S3's bounds).
     fn p3(&self, run: &Run<'_>, out: &mut Vec<Violation>) {
-        let window = run.rtt();
         let spans = run
             .truth
             .queues
@@ -140,6 +139,7 @@ impl Permits {
             .iter()
             .filter(|p| p.election == self.semaphore)
         {
+            let window = run.reply_window(p.who.node, p.from);
             let lo = p.from.saturating_sub(window);
             let seated = spans.iter().enumerate().any(|(i, s)| {
                 let until = spans.get(i + 1).map(|n| n.from);
