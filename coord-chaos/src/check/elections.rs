@@ -7,6 +7,7 @@ use std::time::Duration;
 use coord_api::{KeyValue, Revision};
 
 use super::beliefs::Leading;
+use super::truth::Deletion;
 use super::{Invariant, Run, Violation};
 use crate::fault::FaultKind;
 use crate::history::{Happening, Incarnation};
@@ -272,6 +273,15 @@ pub(super) fn s3_no_phantom_leadership(run: &Run<'_>, out: &mut Vec<Violation>) 
     }
 }
 
+/// The deletion of the key a belief was held on, if it was deleted.
+fn deletion_of<'r>(run: &'r Run<'_>, l: &Leading) -> Option<&'r Deletion> {
+    let p = prefix(&l.election);
+    run.truth
+        .deletions
+        .iter()
+        .find(|d| d.create_revision == l.token && d.key.starts_with(&p))
+}
+
 /// The second half of S3 (and of a semaphore's P3): a belief ends no later than its lease's
 /// expiry at the store, and within the notice bound after its key is deleted otherwise (at
 /// once when the node is healthy, by its session deadline when its link was disturbed).
@@ -282,13 +292,7 @@ pub(super) fn belief_ends_with_its_key(
     out: &mut Vec<Violation>,
 ) {
     let window = run.rtt();
-    let p = prefix(&l.election);
-    let Some(d) = run
-        .truth
-        .deletions
-        .iter()
-        .find(|d| d.create_revision == l.token && d.key.starts_with(&p))
-    else {
+    let Some(d) = deletion_of(run, l) else {
         return;
     };
     // Deleted by its lease's expiry: the belief ended before. The local deadline (send time
@@ -396,12 +400,7 @@ pub(super) fn l6_failover(run: &Run<'_>, out: &mut Vec<Violation>) {
         .collect();
     for l in run.beliefs.leading.iter().filter(|l| l.crashed) {
         let p = prefix(&l.election);
-        let Some(d) = run
-            .truth
-            .deletions
-            .iter()
-            .find(|d| d.create_revision == l.token && d.key.starts_with(&p))
-        else {
+        let Some(d) = deletion_of(run, l) else {
             continue;
         };
         let bound = d.at + run.rtt() + Duration::from_millis(500);
