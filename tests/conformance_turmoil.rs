@@ -19,7 +19,9 @@ impl Harness for TurmoilHarness {
             .rng_seed(0x5eed)
             .simulation_duration(Duration::from_secs(600))
             .build();
-        let sim_config = SimConfig::default();
+        // Notifications every second, as the real-etcd harness runs etcd: the case waits on
+        // them, and turmoil's run is bounded.
+        let sim_config = SimConfig::default().with_progress_notify_interval(Duration::from_secs(1));
         let limits = sim_config.limits.clone();
         add_etcd_host(&mut sim, "etcd", sim_config, Duration::from_secs(1));
         let case = *case;

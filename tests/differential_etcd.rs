@@ -18,7 +18,7 @@ use std::time::Duration;
 use coord_api::{
     Compare, CompareOp, DeleteRequest, Error, Event, EventKind, GetRequest, KeyRange, KeyValue,
     KvLeaseStore, KvLeaseStoreExt, LeaseId, PutRequest, Revision, SortOrder, SortTarget, TxnOp,
-    TxnOpResponse, TxnRequest, WatchRequest, WatchStream,
+    TxnOpResponse, TxnRequest, WatchRequest, WatchResponse, WatchStream,
 };
 use coord_etcd::testing::EtcdCluster;
 use coord_sim::SimStore;
@@ -111,6 +111,10 @@ enum Op {
         from: u8,
         prev_kv: bool,
     },
+    /// A progress request on the open watch with this index (modulo their number).
+    Progress {
+        watch: u8,
+    },
 }
 
 fn target() -> impl Strategy<Value = Target> {
@@ -171,6 +175,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => rev().prop_map(|at| Op::Compact { at }),
         10 => (target(), 0..6u8, any::<bool>())
             .prop_map(|(target, from, prev_kv)| Op::Watch { target, from, prev_kv }),
+        4 => any::<u8>().prop_map(|watch| Op::Progress { watch }),
     ]
 }
 
@@ -224,6 +229,15 @@ enum Outcome {
         events: Vec<(EventKind, NKv, Option<NKv>)>,
         end: Option<String>,
     },
+    /// The answer to a progress request: its revision, or how the watch ended before it.
+    Progress(std::result::Result<i64, String>),
+}
+
+/// An open watch, and what a progress request read off it before its answer.
+struct Watching {
+    target: Target,
+    stream: WatchStream,
+    read: Vec<coord_api::Result<WatchResponse>>,
 }
 
 /// One side's run of a sequence.
@@ -235,7 +249,7 @@ struct Exec<'a> {
     /// The latest revision (absolute) seen in a response.
     latest: i64,
     leases: Vec<LeaseId>,
-    watches: Vec<(Target, WatchStream)>,
+    watches: Vec<Watching>,
     /// Revisions (absolute) this side compacted at.
     compactions: Vec<Revision>,
 }
@@ -571,11 +585,57 @@ impl Exec<'_> {
                 let mut req = WatchRequest::range(self.range(*target)).with_start_revision(start);
                 req.prev_kv = *prev_kv;
                 match s.watch(req).await {
-                    Ok(w) => {
-                        self.watches.push((*target, w));
+                    Ok(stream) => {
+                        self.watches.push(Watching {
+                            target: *target,
+                            stream,
+                            read: Vec::new(),
+                        });
                         Outcome::Done
                     }
                     Err(e) => self.err(&e),
+                }
+            }
+            Op::Progress { watch } => {
+                if self.watches.is_empty() {
+                    return Outcome::Done;
+                }
+                let i = usize::from(*watch) % self.watches.len();
+                let answer = self.progress(i).await;
+                Outcome::Progress(answer.map(|rev| self.norm(rev)))
+            }
+        }
+    }
+
+    /// Asks watch `i` for progress and reads up to the answer, keeping what came before it
+    /// for [`drain_watches`](Self::drain_watches).
+    async fn progress(&mut self, i: usize) -> std::result::Result<Revision, String> {
+        let w = &mut self.watches[i];
+        if let Some(Err(e)) = w.read.last() {
+            return Err(format!("ended before: {}", end_kind(e)));
+        }
+        if let Err(e) = w.stream.request_progress() {
+            return Err(format!("not sent: {e}"));
+        }
+        loop {
+            match tokio::time::timeout(Duration::from_secs(5), w.stream.next()).await {
+                Err(_) => return Err("no answer within 5 s".to_owned()),
+                Ok(None) => return Err("ended".to_owned()),
+                Ok(Some(Ok(batch))) if batch.is_progress_answer() => {
+                    if !batch.events.is_empty() {
+                        return Err(format!("an answer with events: {batch:?}"));
+                    }
+                    return Ok(batch.revision);
+                }
+                Ok(Some(item)) => {
+                    let end = match &item {
+                        Err(e) => Some(end_kind(e)),
+                        Ok(_) => None,
+                    };
+                    w.read.push(item);
+                    if let Some(end) = end {
+                        return Err(end);
+                    }
                 }
             }
         }
@@ -587,7 +647,7 @@ impl Exec<'_> {
         let mut keys: Vec<String> = self
             .watches
             .iter()
-            .map(|(t, _)| match self.range(*t) {
+            .map(|w| match self.range(w.target) {
                 KeyRange::Key(k) => String::from_utf8_lossy(&k).into_owned(),
                 KeyRange::Prefix(p) => format!("{}~end", String::from_utf8_lossy(&p)),
             })
@@ -605,7 +665,8 @@ impl Exec<'_> {
             self.store.txn(txn).await.expect("sentinel write").revision
         };
         let mut out = Vec::new();
-        for (_, mut w) in std::mem::take(&mut self.watches) {
+        for w in std::mem::take(&mut self.watches) {
+            let mut w = futures::stream::iter(w.read).chain(w.stream);
             let mut events: Vec<Event> = Vec::new();
             let mut end = None;
             loop {
@@ -690,9 +751,25 @@ async fn run_sequence(store: &dyn KvLeaseStore, prefix: String, ops: &[Op]) -> V
     out
 }
 
-/// True for a watch that ended with `Compacted` before delivering anything.
+/// How a watch ended, in terms both sides share.
+fn end_kind(e: &Error) -> String {
+    match e {
+        Error::Compacted { .. } => "Compacted".to_owned(),
+        other => format!("{:?}", other.class()),
+    }
+}
+
+/// True for a watch that ended with `Compacted` before delivering anything, or a progress
+/// request on one.
 fn overtaken(o: &Outcome) -> bool {
-    matches!(o, Outcome::Watch { events, end: Some(end) } if events.is_empty() && end.contains("Compacted"))
+    match o {
+        Outcome::Watch {
+            events,
+            end: Some(end),
+        } => events.is_empty() && end.contains("Compacted"),
+        Outcome::Progress(Err(end)) => end.contains("Compacted"),
+        _ => false,
+    }
 }
 
 /// The index of the first outcome on which the two sides disagree.
@@ -705,8 +782,11 @@ fn divergence(sim: &[Outcome], etcd: &[Outcome]) -> Option<usize> {
         return Some(sim.len().min(etcd.len()));
     }
     sim.iter().zip(etcd).position(|(a, b)| {
-        let raced = matches!((a, b), (Outcome::Watch { .. }, Outcome::Watch { .. }))
-            && (overtaken(a) || overtaken(b));
+        let raced = matches!(
+            (a, b),
+            (Outcome::Watch { .. }, Outcome::Watch { .. })
+                | (Outcome::Progress(_), Outcome::Progress(_))
+        ) && (overtaken(a) || overtaken(b));
         a != b && !raced
     })
 }

@@ -77,6 +77,7 @@ mod store;
 pub mod sync;
 mod types;
 pub mod validate;
+mod watch_stream;
 
 #[cfg(any(test, feature = "test-util"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]

@@ -12,7 +12,6 @@ use crate::error::{Error, Result};
 use crate::request::{
     Compare, DeleteRequest, DeleteResponse, GetRequest, GetResponse, LeaseGrant, LeaseTimeToLive,
     PutRequest, PutResponse, TxnOp, TxnOpResponse, TxnRequest, TxnResponse, WatchRequest,
-    WatchResponse,
 };
 use crate::store::{DynKvLeaseStore, KeepAlive, KvLeaseStore, LeaderStream, WatchStream};
 use crate::types::{Event, KeyRange, KeyValue, LeaseId, Limits, Revision};
@@ -299,23 +298,20 @@ impl KvLeaseStore for Namespaced {
         req.range = self.range_in(req.range);
         let stream = self.inner.watch(req).await.map_err(|e| self.error_out(e))?;
         let ns = self.clone();
-        Ok(stream
-            .map(move |r| {
-                r.map(|resp| {
-                    let events = resp
-                        .events
-                        .into_iter()
-                        .map(|e| Event {
-                            kind: e.kind,
-                            kv: ns.kv_out(e.kv),
-                            prev_kv: e.prev_kv.map(|kv| ns.kv_out(kv)),
-                        })
-                        .collect();
-                    WatchResponse::new(resp.revision, events)
-                })
-                .map_err(|e| ns.error_out(e))
+        Ok(stream.map_items(move |r| {
+            r.map(|mut resp| {
+                resp.events = std::mem::take(&mut resp.events)
+                    .into_iter()
+                    .map(|e| Event {
+                        kind: e.kind,
+                        kv: ns.kv_out(e.kv),
+                        prev_kv: e.prev_kv.map(|kv| ns.kv_out(kv)),
+                    })
+                    .collect();
+                resp
             })
-            .boxed())
+            .map_err(|e| ns.error_out(e))
+        }))
     }
 
     async fn compact(&self, revision: Revision) -> Result<()> {

@@ -627,20 +627,44 @@ impl WatchRequest {
 #[non_exhaustive]
 pub struct WatchResponse {
     /// The store's revision when the batch was sent. For a progress notification: every event
-    /// up to this revision has been delivered.
+    /// up to this revision has been delivered. For a progress answer: nothing more than the
+    /// store's revision (see [`is_progress_answer`](Self::is_progress_answer)).
     pub revision: Revision,
-    /// The events; empty for a progress notification.
+    /// The events; empty for a progress notification or answer.
     pub events: Vec<Event>,
+    /// Whether this answers [`WatchStream::request_progress`](crate::WatchStream::request_progress).
+    pub progress_answer: bool,
 }
 
 impl WatchResponse {
     /// A batch sent at `revision` with `events` (none: a progress notification).
     pub fn new(revision: Revision, events: Vec<Event>) -> Self {
-        WatchResponse { revision, events }
+        WatchResponse {
+            revision,
+            events,
+            progress_answer: false,
+        }
     }
 
-    /// True for a progress notification (no events).
+    /// The answer to a progress request, sent when the store was at `revision`.
+    pub fn progress_answer(revision: Revision) -> Self {
+        WatchResponse {
+            revision,
+            events: Vec::new(),
+            progress_answer: true,
+        }
+    }
+
+    /// True for a progress notification: no events, and every event up to `revision` has
+    /// been delivered.
     pub fn is_progress_notify(&self) -> bool {
-        self.events.is_empty()
+        self.events.is_empty() && !self.progress_answer
+    }
+
+    /// True for the answer to a progress request: the stream is alive and the store was at
+    /// `revision`, but events up to it may still follow (etcd 3.4 sends the answer ahead of
+    /// events already queued for the watch).
+    pub fn is_progress_answer(&self) -> bool {
+        self.progress_answer
     }
 }

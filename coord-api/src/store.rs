@@ -12,12 +12,10 @@ use crate::campaign::{self, LeaderKey};
 use crate::error::Result;
 use crate::request::{
     DeleteRequest, DeleteResponse, GetRequest, GetResponse, LeaseGrant, LeaseTimeToLive,
-    PutRequest, PutResponse, TxnRequest, TxnResponse, WatchRequest, WatchResponse,
+    PutRequest, PutResponse, TxnRequest, TxnResponse, WatchRequest,
 };
 use crate::types::{KeyValue, LeaseId, Limits, Revision};
-
-/// A stream of watch batches; see [`KvLeaseStore::watch`].
-pub type WatchStream = BoxStream<'static, Result<WatchResponse>>;
+pub use crate::watch_stream::WatchStream;
 
 /// A stream of leaders; see [`KvLeaseStore::observe`].
 pub type LeaderStream = BoxStream<'static, Result<KeyValue>>;
@@ -163,7 +161,8 @@ pub trait KvLeaseStore: fmt::Debug + Send + Sync + 'static {
     ///
     /// # Stream items
     /// * `Ok(batch)`: the events of one or more whole revisions, or (with `progress_notify`)
-    ///   an empty progress notification.
+    ///   an empty progress notification, or the answer to a
+    ///   [`request_progress`](WatchStream::request_progress).
     /// * `Err(Compacted)`: the start revision is below the compaction point; the stream ends.
     /// * `Err(StreamClosed)`: the connection was lost; the stream ends. Resume from the last
     ///   revision seen + 1.

@@ -37,6 +37,13 @@ struct Endpoint {
 /// Makes a new channel (a new connection) to one member.
 pub(crate) type ChannelFactory = Arc<dyn Fn() -> tonic::transport::Channel + Send + Sync>;
 
+/// Where a request ran: the endpoint, and the token that ends the streams opened on its
+/// connection when that is replaced (see [`Pool::connection_at`]).
+pub(crate) struct Connection {
+    pub(crate) endpoint: usize,
+    pub(crate) streams: CancellationToken,
+}
+
 pub(crate) struct Pool {
     endpoints: Vec<Endpoint>,
     /// The endpoint requests go to until it fails.
@@ -208,6 +215,21 @@ impl Pool {
         }
     }
 
+    /// Gives up on endpoint `i` after a request sent at `since` went unanswered past any
+    /// live member's answer time: unless the connection answered anything since, it is
+    /// replaced and requests move to the next member (a stopped member answers nothing, yet
+    /// its connection stays open).
+    pub(crate) fn abandon_if_silent_since(&self, i: usize, since: Instant) {
+        let last = *self.endpoints[i]
+            .answered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if last.is_none_or(|at| at < since) {
+            self.reconnect(i);
+            self.fail_over(i);
+        }
+    }
+
     /// The endpoint index requests currently go to.
     pub(crate) fn current(&self) -> usize {
         self.current.load(Ordering::Relaxed)
@@ -246,8 +268,8 @@ impl Pool {
         self.call_on(op, kind, move |c, _| f(c)).await
     }
 
-    /// As [`call`](Self::call), also handing `f` the connection's token (see
-    /// [`connection_at`](Self::connection_at)), for requests that open a stream.
+    /// As [`call`](Self::call), also handing `f` the connection it runs on, for requests
+    /// that open a stream.
     pub(crate) async fn call_on<T, F, Fut>(
         &self,
         op: &'static str,
@@ -255,7 +277,7 @@ impl Pool {
         mut f: F,
     ) -> Result<T>
     where
-        F: FnMut(Client, CancellationToken) -> Fut + Send,
+        F: FnMut(Client, Connection) -> Fut + Send,
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>> + Send,
         T: Send,
     {
@@ -267,7 +289,11 @@ impl Pool {
             let idx = self.current();
             let outcome = tokio::time::timeout_at(deadline, async {
                 let (client, streams) = self.connection_at(idx).await?;
-                f(client, streams).await.map_err(|e| map(op, kind, e))
+                let connection = Connection {
+                    endpoint: idx,
+                    streams,
+                };
+                f(client, connection).await.map_err(|e| map(op, kind, e))
             })
             .await;
             let err = match outcome {
@@ -277,7 +303,10 @@ impl Pool {
                 }
                 Ok(Err(e)) => e,
                 Err(_) => {
+                    // A member that answers nothing within the request timeout (stopped,
+                    // cut off) would hold the next request as long: move on.
                     self.reconnect(idx);
+                    self.fail_over(idx);
                     let source = format!("no answer within {:?}", self.request_timeout());
                     return Err(match kind {
                         Kind::Read => Error::Unavailable {

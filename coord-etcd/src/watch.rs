@@ -1,14 +1,46 @@
-//! Watches on etcd's Watch stream.
+//! Watches on etcd's Watch stream, one gRPC stream per watch, and their progress requests.
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use coord_api::{Error, Result, Revision, WatchRequest, WatchResponse, WatchStream};
-use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use crate::convert;
 use crate::error::Kind;
 use crate::pool::Pool;
 
+/// etcd answers a progress request from the member's own state, without raft: a live member
+/// answers in milliseconds. A stream dropped while a request has gone unanswered this long
+/// says its member is stuck.
+const STUCK_AFTER: Duration = Duration::from_secs(1);
+
+/// The progress request in flight on a stream, if any; when the stream is dropped with one
+/// unanswered past [`STUCK_AFTER`] (its consumer gave up on it), the member is left.
+struct Asked {
+    pool: Arc<Pool>,
+    endpoint: usize,
+    since: Option<Instant>,
+}
+
+impl Drop for Asked {
+    fn drop(&mut self) {
+        if let Some(since) = self.since {
+            if since.elapsed() >= STUCK_AFTER {
+                tracing::debug!(
+                    endpoint = self.endpoint,
+                    unanswered_ms = since.elapsed().as_millis() as u64,
+                    "watch dropped with its progress request unanswered; leaving the member"
+                );
+                self.pool.abandon_if_silent_since(self.endpoint, since);
+            }
+        }
+    }
+}
+
 /// Opens a watch and waits for etcd to confirm it, so every write after this returns is seen.
-pub(crate) async fn open(pool: &Pool, req: WatchRequest) -> Result<WatchStream> {
+pub(crate) async fn open(pool: &Arc<Pool>, req: WatchRequest) -> Result<WatchStream> {
     let mut opts = etcd_client::WatchOptions::new();
     if let coord_api::KeyRange::Prefix(_) = &req.range {
         opts = opts.with_range(req.range.etcd_range_end());
@@ -24,20 +56,31 @@ pub(crate) async fn open(pool: &Pool, req: WatchRequest) -> Result<WatchStream> 
     }
     let key = req.range.start().to_vec();
     // `call` bounds this by the request timeout, the confirmation included.
-    let (mut stream, first, dead) = pool
-        .call_on("watch", Kind::Read, |mut c, dead| {
+    let (stream, first, connection) = pool
+        .call_on("watch", Kind::Read, |mut c, connection| {
             let (key, opts) = (key.clone(), opts.clone());
             async move {
                 let mut stream = c.watch(key, Some(opts)).await?;
                 // The first answer confirms the watch (or already cancels it).
                 let first = stream.message().await?;
-                Ok((stream, first, dead))
+                Ok((stream, first, connection))
             }
         })
         .await?;
+    let (mut sender, mut stream) = stream.split();
+    let dead = connection.streams;
+    let (ask, mut asks) = mpsc::unbounded_channel::<()>();
+    let asked = Asked {
+        pool: pool.clone(),
+        endpoint: connection.endpoint,
+        since: None,
+    };
     let requested = req.start_revision.unwrap_or(Revision::ZERO);
     let mut pending = first.filter(|r| !r.created() || r.canceled());
     let out = async_stream::stream! {
+        // Owned by the stream (a closure would capture only the fields it reads), so that it
+        // drops with it.
+        let mut asked = asked;
         loop {
             let msg = match pending.take() {
                 Some(m) => Ok(Some(m)),
@@ -48,6 +91,14 @@ pub(crate) async fn open(pool: &Pool, req: WatchRequest) -> Result<WatchStream> 
                     _ = dead.cancelled() => {
                         yield Err(Error::StreamClosed { stream: "watch", source: Some("the connection stopped answering and was replaced".into()) });
                         break;
+                    }
+                    Some(()) = asks.recv() => {
+                        if let Err(e) = sender.request_progress().await {
+                            yield Err(Error::StreamClosed { stream: "watch", source: Some(Box::new(e)) });
+                            break;
+                        }
+                        asked.since.get_or_insert_with(Instant::now);
+                        continue;
                     }
                     m = stream.message() => m,
                 },
@@ -66,8 +117,15 @@ pub(crate) async fn open(pool: &Pool, req: WatchRequest) -> Result<WatchStream> 
                         }
                         break;
                     }
-                    let events = resp.events().iter().filter_map(convert::event).collect();
                     let revision = Revision(resp.header().map_or(0, |h| h.revision()));
+                    // etcd 3.4 answers a progress request with watch id -1 (it belongs to no
+                    // one watch of the gRPC stream, and this stream carries only ours).
+                    if resp.watch_id() == -1 {
+                        asked.since = None;
+                        yield Ok(WatchResponse::progress_answer(revision));
+                        continue;
+                    }
+                    let events = resp.events().iter().filter_map(convert::event).collect();
                     yield Ok(WatchResponse::new(revision, events));
                 }
                 Ok(None) => {
@@ -81,5 +139,10 @@ pub(crate) async fn open(pool: &Pool, req: WatchRequest) -> Result<WatchStream> 
             }
         }
     };
-    Ok(out.boxed())
+    Ok(WatchStream::new(out, move || {
+        ask.send(()).map_err(|_| Error::StreamClosed {
+            stream: "watch",
+            source: Some("the watch has ended".into()),
+        })
+    }))
 }

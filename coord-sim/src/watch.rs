@@ -1,15 +1,15 @@
 //! A watch's stream: the events the state machine queues for it, carried over the client's
-//! link, ended when the link breaks or the store closes its streams.
+//! link, ended when the link breaks or the store closes its streams; and the answers to its
+//! progress requests, which cross the link both ways.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use coord_api::{Result, WatchResponse, WatchStream};
-use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::link::Link;
+use crate::link::{Leg, Link};
 use crate::state::WatchId;
 use crate::store::Shared;
 
@@ -56,7 +56,8 @@ pub(crate) fn watch_stream(
         id,
     };
     drop(shared);
-    async_stream::stream! {
+    let (ask, mut asked) = mpsc::unbounded_channel::<()>();
+    let stream = async_stream::stream! {
         let guard = guard;
         // Like etcd, notify progress only after a whole interval without events.
         let mut next_tick = progress.map(|every| Instant::now() + every);
@@ -78,6 +79,28 @@ pub(crate) fn watch_stream(
                         yield Err(link_broken());
                         break;
                     }
+                }
+                Some(()) = asked.recv() => {
+                    // The request crosses the link to the store; one lost on a cut link is
+                    // never answered, and the stream stalls until the link says why.
+                    if link.link.request(link.latency).await == Leg::Lost {
+                        continue;
+                    }
+                    let Some(shared) = guard.shared.upgrade() else { break };
+                    // As etcd 3.4 does, the answer carries the store's revision and goes out
+                    // at once, ahead of any events still queued for this watch (etcd's order
+                    // between the two is a race; this branch comes first, the worst case).
+                    let revision = shared.lock().state.revision();
+                    drop(shared);
+                    let delay = link.latency + link.link.reply_latency();
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
+                    if link.link.wait_flowing(link.generation).await.is_err() {
+                        yield Err(link_broken());
+                        break;
+                    }
+                    yield Ok(WatchResponse::progress_answer(revision));
                 }
                 item = rx.recv() => match item {
                     Some(item) => {
@@ -119,6 +142,11 @@ pub(crate) fn watch_stream(
                 }
             }
         }
-    }
-    .boxed()
+    };
+    WatchStream::new(stream, move || {
+        ask.send(()).map_err(|_| coord_api::Error::StreamClosed {
+            stream: "watch",
+            source: Some("the watch has ended".into()),
+        })
+    })
 }

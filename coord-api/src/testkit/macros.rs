@@ -85,6 +85,8 @@ macro_rules! __coord_cases {
             watch::watch_prefix_delete_is_one_batch,
             watch::watch_put_event_carries_lease,
             watch::watch_progress_notify_reports_revision,
+            watch::watch_answers_progress_requests,
+            watch::watch_progress_answer_loses_no_history,
             watch::watch_concurrent_watchers_agree,
             watch::watch_from_compacted_revision_fails,
             watch::watch_from_compact_revision_works,

@@ -197,6 +197,57 @@ pub async fn watch_progress_notify_reports_revision(cx: Ctx) {
     assert!(batch.revision >= rev);
 }
 
+/// A progress request on a quiet watch is answered at once: an empty batch marked as the
+/// answer, at the store's revision, however long the watch has been quiet.
+pub async fn watch_answers_progress_requests(cx: Ctx) {
+    let s = cx.store();
+    let mut w = s.watch(WatchRequest::key(cx.key("quiet"))).await.unwrap();
+    let rev = s.put_value(cx.key("elsewhere"), "v").await.unwrap();
+    for _ in 0..2 {
+        w.request_progress().expect("the stream is open");
+        let answer = within(PROMPT, "a progress answer", w.next())
+            .await
+            .expect("stream open")
+            .expect("no error");
+        assert!(answer.is_progress_answer(), "{answer:?}");
+        assert!(!answer.is_progress_notify(), "{answer:?}");
+        assert!(answer.events.is_empty(), "{answer:?}");
+        assert!(answer.revision >= rev, "{answer:?} before {rev}");
+    }
+}
+
+/// A progress request on a watch still catching up on history is answered, and the history
+/// still arrives whole, in order, once (etcd 3.4 may answer ahead of it).
+pub async fn watch_progress_answer_loses_no_history(cx: Ctx) {
+    let s = cx.store();
+    let mut revs = Vec::new();
+    for i in 0..20 {
+        revs.push(s.put_value(cx.key(&format!("h/{i}")), "v").await.unwrap());
+    }
+    let mut w = s
+        .watch(WatchRequest::prefix(cx.key("h/")).with_start_revision(revs[0]))
+        .await
+        .unwrap();
+    w.request_progress().expect("the stream is open");
+    let mut seen = Vec::new();
+    let mut answers = 0;
+    while seen.len() < revs.len() || answers == 0 {
+        let batch = within(PROMPT, "history and an answer", w.next())
+            .await
+            .expect("stream open")
+            .expect("no error");
+        if batch.is_progress_answer() {
+            assert!(batch.events.is_empty(), "{batch:?}");
+            assert!(batch.revision >= revs[revs.len() - 1], "{batch:?}");
+            answers += 1;
+        } else {
+            seen.extend(batch.events.iter().map(|e| e.kv.mod_revision));
+        }
+    }
+    assert_eq!(seen, revs, "the history, in order, once");
+    assert_eq!(answers, 1);
+}
+
 /// Two watches on one key see the same events in the same order.
 pub async fn watch_concurrent_watchers_agree(cx: Ctx) {
     let s = cx.store();
@@ -253,13 +304,12 @@ pub async fn watch_from_compact_revision_works(cx: Ctx) {
 /// An empty key or prefix is refused with `InvalidArgument`.
 pub async fn watch_empty_key_is_invalid(cx: Ctx) {
     let s = cx.store();
-    let err = s.watch(WatchRequest::key("")).await.err().expect("refused");
+    let err = s.watch(WatchRequest::key("")).await.expect_err("refused");
     assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
     let err = s
         .watch(WatchRequest::prefix(""))
         .await
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert!(matches!(err, Error::InvalidArgument { .. }), "{err:?}");
 }
 
