@@ -243,10 +243,95 @@ fn watchers_count_resumes_relists_lag_and_hosts() {
         0
     );
     // The repaired cut's stream end, then the close.
-    assert_eq!(counter(&figures, m::WATCHER_RESUMES, &[prefix]), 2);
+    assert_eq!(
+        counter(&figures, m::WATCHER_RESUMES, &[prefix, "reason=closed"]),
+        2
+    );
+    assert_eq!(
+        counter(&figures, m::WATCHER_RESUMES, &[prefix, "reason=stuck"]),
+        0
+    );
     assert_eq!(gauge(&figures, m::WATCHER_HOSTS, &[prefix]), 4.0);
     // The last batch was d's put, sent as it was made.
     assert_eq!(gauge(&figures, m::WATCHER_LAG_REVISIONS, &[prefix]), 0.0);
+}
+
+async fn an_idle_prefix() {
+    let sim = SimStore::new();
+    let admin = store(&sim.connect());
+    let watcher = ClusterWatcher::start(store(&sim.connect()), ClusterWatcherConfig::new("m/i/"))
+        .await
+        .expect("watch");
+    admin.put_value("m/i/a", "a").await.expect("put");
+    until("a seen", || async { watcher.view().contains("a") }).await;
+    // Ten minutes in which nothing under the prefix changes while the store's revision moves.
+    let quiet_until = Instant::now() + Duration::from_secs(600);
+    while Instant::now() < quiet_until {
+        admin.put_value("m/elsewhere", "x").await.expect("put");
+        sleep(Duration::from_secs(20)).await;
+    }
+    // Still live: the next change is seen as it is made.
+    admin.put_value("m/i/b", "b").await.expect("put");
+    timeout(Duration::from_millis(100), async {
+        while !watcher.view().contains("b") {
+            sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("b seen at once after ten quiet minutes");
+    watcher.stop().await;
+}
+
+#[test]
+fn an_idle_prefix_costs_no_relist_and_no_resume_in_ten_minutes() {
+    let figures = recorded(an_idle_prefix);
+    let prefix = "prefix=m/i/";
+    assert_eq!(
+        counter(&figures, m::WATCHER_RELISTS, &[prefix, "reason=compacted"]),
+        0
+    );
+    for reason in ["reason=closed", "reason=stuck"] {
+        assert_eq!(counter(&figures, m::WATCHER_RESUMES, &[prefix, reason]), 0);
+    }
+    assert_eq!(gauge(&figures, m::WATCHER_HOSTS, &[prefix]), 2.0);
+}
+
+async fn a_stalled_stream() {
+    let sim = SimStore::new();
+    let admin = store(&sim.connect());
+    let client = sim.connect();
+    let config = ClusterWatcherConfig::new("m/s/");
+    let watcher = ClusterWatcher::start(store(&client), config.clone())
+        .await
+        .expect("watch");
+    admin.put_value("m/s/a", "a").await.expect("put");
+    until("a seen", || async { watcher.view().contains("a") }).await;
+    // Every message of the watcher's connection stalls (as a stopped member's do) for less
+    // than a request timeout, with a change made meanwhile.
+    client.hold();
+    admin.put_value("m/s/b", "b").await.expect("put");
+    sleep(config.silence + Duration::from_millis(500)).await;
+    client.release();
+    until("b seen", || async { watcher.view().contains("b") }).await;
+    watcher.stop().await;
+}
+
+#[test]
+fn a_stalled_stream_is_given_up_and_resumed_without_a_relist() {
+    let figures = recorded(a_stalled_stream);
+    let prefix = "prefix=m/s/";
+    assert_eq!(
+        counter(&figures, m::WATCHER_RESUMES, &[prefix, "reason=stuck"]),
+        1
+    );
+    assert_eq!(
+        counter(&figures, m::WATCHER_RESUMES, &[prefix, "reason=closed"]),
+        0
+    );
+    assert_eq!(
+        counter(&figures, m::WATCHER_RELISTS, &[prefix, "reason=compacted"]),
+        0
+    );
 }
 
 async fn an_election() {

@@ -13,8 +13,8 @@
 //! | `coord_registration_losses_total` | counter | | registrations whose session ended under them (a heal begins) |
 //! | `coord_registration_heals_total` | counter | | registrations back under a new lease after a loss |
 //! | `coord_registration_repairs_total` | counter | | registered keys deleted under a live lease and put back |
-//! | `coord_watcher_relists_total` | counter | `prefix`; `reason`: `compacted`, `silent` | full re-reads of a watched prefix |
-//! | `coord_watcher_resumes_total` | counter | `prefix` | broken watches resumed from the last revision, without a re-read |
+//! | `coord_watcher_relists_total` | counter | `prefix`; `reason`: `compacted` | full re-reads of a watched prefix |
+//! | `coord_watcher_resumes_total` | counter | `prefix`; `reason`: `closed`, `stuck` | broken watches resumed from the last revision, without a re-read (`stuck`: a progress request went unanswered) |
 //! | `coord_watcher_lag_revisions` | gauge | `prefix` | how far the watch stream was behind the store when its latest batch was sent: the batch's revision less its newest event's (0 for a progress notification). An upper bound: it counts writes outside the prefix too, so a few on a busy store is normal; thousands mean a watcher catching up |
 //! | `coord_watcher_hosts` | gauge | `prefix` | hosts in the view |
 //! | `coord_campaigns_total` | counter | `election` | campaigns begun, waiting or `try_` |
@@ -127,8 +127,9 @@ pub(crate) mod record {
             .increment(1);
     }
 
-    pub(crate) fn watcher_resumed(prefix: &str) {
-        ::metrics::counter!(WATCHER_RESUMES, "prefix" => prefix.to_owned()).increment(1);
+    pub(crate) fn watcher_resumed(prefix: &str, reason: &'static str) {
+        ::metrics::counter!(WATCHER_RESUMES, "prefix" => prefix.to_owned(), "reason" => reason)
+            .increment(1);
     }
 
     pub(crate) fn watcher_lag(prefix: &str, revisions: i64) {

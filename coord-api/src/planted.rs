@@ -62,11 +62,16 @@ pub enum Bug {
     /// A semaphore counts its seats one too many: N + 1 sessions hold permits at once. Caught
     /// by P1 and P2.
     SemaphoreOneTooMany,
+    /// The cluster watcher takes the answer to its progress request as a progress
+    /// notification and moves its resume point to the answer's revision, so events the
+    /// answer overtook (etcd 3.4 sends it ahead of queued events) are dropped as already
+    /// seen. Caught by S4/S5.
+    WatcherTrustsProgressAnswers,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 16] = [
+    pub const ALL: [Bug; 17] = [
         Bug::CampaignSkipsOwnKeyCheck,
         Bug::WatcherResumesFromNow,
         Bug::WatcherIgnoresCompaction,
@@ -83,6 +88,7 @@ impl Bug {
         Bug::CandidateSkipsWorkWait,
         Bug::TryLockIgnoresTheQueue,
         Bug::SemaphoreOneTooMany,
+        Bug::WatcherTrustsProgressAnswers,
     ];
 
     /// A stable name for command lines and reports.
@@ -104,6 +110,7 @@ impl Bug {
             Bug::CandidateSkipsWorkWait => "candidate-skips-work-wait",
             Bug::TryLockIgnoresTheQueue => "try-lock-ignores-the-queue",
             Bug::SemaphoreOneTooMany => "semaphore-one-too-many",
+            Bug::WatcherTrustsProgressAnswers => "watcher-trusts-progress-answers",
         }
     }
 

@@ -10,9 +10,9 @@ use std::time::Duration;
 pub struct SimConfig {
     /// Lease ids are drawn from this seed, so a run is reproducible.
     pub seed: u64,
-    /// Limits the store enforces and reports. The defaults are etcd's, except that expiry is
-    /// exact (etcd checks every 500 ms) and idle watches get progress notifications every
-    /// second, as an etcd started with `--experimental-watch-progress-notify-interval=1s` does.
+    /// Limits the store enforces and reports. The defaults are etcd's (idle watches that ask
+    /// for progress notifications get one every 10 minutes), except that expiry is exact
+    /// (etcd checks every 500 ms).
     pub limits: Limits,
     /// How often watches that start in the past are caught up (etcd: 100 ms). Until then
     /// they deliver nothing, and a compaction can end them.
@@ -34,7 +34,6 @@ impl Default for SimConfig {
     fn default() -> Self {
         let mut limits = Limits::ETCD_DEFAULTS;
         limits.expiry_granularity = Duration::ZERO;
-        limits.progress_notify_interval = Duration::from_secs(1);
         SimConfig {
             seed: 0,
             limits,

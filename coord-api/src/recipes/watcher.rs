@@ -10,10 +10,20 @@
 //! request, not a listing of every host. Starting at the last revision seen rather than the
 //! one after it is deliberate: etcd 3.4 loses the deletes at the compaction revision from a
 //! watch that starts exactly there (etcd#19179); from one revision earlier, such a
-//! compaction is reported as `Compacted` instead. When the watch is compacted, or silent past
-//! [`ClusterWatcherConfig::silence`] (a stuck member), it lists again and emits the
-//! difference between its last view and the new listing: hosts that flapped inside the gap
-//! collapse, but no net change is lost. go-coord's watcher, and etcd's own endpoint
+//! compaction is reported as `Compacted` instead.
+//!
+//! A quiet prefix and a stuck member look alike from the consumer's side: nothing arrives. So
+//! after [`ClusterWatcherConfig::probe`] without a message the watcher asks the store for
+//! progress on the stream ([`WatchStream::request_progress`](crate::WatchStream::request_progress)),
+//! which a live member answers at once however quiet the prefix. A stream that leaves it
+//! unanswered until [`ClusterWatcherConfig::silence`] is stuck (its member stopped, its
+//! connection went silent): the watcher gives it up and resumes on a new one, which the
+//! store opens on another member. An idle prefix costs a progress request per `probe`, never a
+//! re-list.
+//!
+//! When the watch is compacted, it lists again and emits the difference between its last
+//! view and the new listing: hosts that flapped inside the gap collapse, but no net change is
+//! lost. go-coord's watcher, and etcd's own endpoint
 //! resolver, simply end on compaction.
 
 use std::collections::BTreeMap;
@@ -42,8 +52,13 @@ use crate::types::Revision;
 pub struct ClusterWatcherConfig {
     /// The prefix hosts register under; a host's name is its key without it.
     pub prefix: String,
-    /// How long the watch may stay silent (no event, no progress notification) before the
-    /// watcher re-lists to check it is not stuck on a partitioned member (default 60 s).
+    /// After this long without a message on the watch, the watcher asks the store for
+    /// progress (default 1 s).
+    pub probe: Duration,
+    /// How long the watch may stay without any message (an event, a progress notification,
+    /// the answer to the watcher's progress request) before the watcher calls it stuck and
+    /// resumes on a new one (default 3 s). Longer than `probe`; a live member answers a
+    /// progress request in milliseconds, so the rest is slack for a loaded member and network.
     pub silence: Duration,
     /// How many events may wait for the consumer before the watcher waits for it.
     pub buffer: usize,
@@ -54,13 +69,16 @@ impl ClusterWatcherConfig {
     pub fn new(prefix: impl Into<String>) -> Self {
         ClusterWatcherConfig {
             prefix: prefix.into(),
-            silence: Duration::from_secs(60),
+            probe: Duration::from_secs(1),
+            silence: Duration::from_secs(3),
             buffer: 1024,
         }
     }
 
-    /// Re-list after this much silence.
-    pub fn with_silence(mut self, silence: Duration) -> Self {
+    /// Ask for progress after `probe` without a message, and give the stream up after
+    /// `silence` without one.
+    pub fn with_stall_detection(mut self, probe: Duration, silence: Duration) -> Self {
+        self.probe = probe;
         self.silence = silence;
         self
     }
@@ -96,8 +114,8 @@ pub enum ClusterEvent {
         /// The revision this was learned at.
         revision: Revision,
     },
-    /// The watcher re-listed (after compaction, a broken or silent stream) and emitted the
-    /// difference just before this event.
+    /// The watcher re-listed (after its watch was compacted) and emitted the difference just
+    /// before this event.
     Resynced {
         /// The listing's revision.
         revision: Revision,
@@ -236,10 +254,17 @@ impl ClusterWatcher {
     /// `HostUp` events.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for an empty prefix; whatever the first listing fails with.
+    /// [`Error::InvalidArgument`] for an empty prefix, a zero `probe` or a `silence` not
+    /// longer than `probe`; whatever the first listing fails with.
     pub async fn start(store: Arc<DynKvLeaseStore>, config: ClusterWatcherConfig) -> Result<Self> {
         if config.prefix.is_empty() {
             return Err(Error::invalid("cluster watcher: empty prefix"));
+        }
+        if config.probe.is_zero() || config.silence <= config.probe {
+            return Err(Error::invalid(format!(
+                "cluster watcher: probe {:?} must be above zero and silence {:?} above it",
+                config.probe, config.silence
+            )));
         }
         let (tx, events) = mpsc::channel(config.buffer.max(1));
         let (view_tx, view) = watch::channel(Arc::new(ClusterView::default()));
@@ -334,8 +359,8 @@ type Listing = (Revision, OrdMap<String, Bytes>);
 enum Broken {
     /// The store compacted past the watch; the compaction point.
     Compacted(Revision),
-    /// No event and no progress notification for this long.
-    Silent(Duration),
+    /// A progress request went unanswered: no message at all for this long.
+    Stuck { silent: Duration, delivered: bool },
     /// The stream closed or failed, or could not be opened; `delivered` when it worked (gave
     /// something) before it broke.
     Closed { delivered: bool, why: String },
@@ -345,7 +370,9 @@ impl std::fmt::Display for Broken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Broken::Compacted(point) => write!(f, "compacted at {point}"),
-            Broken::Silent(d) => write!(f, "silent for {d:?}"),
+            Broken::Stuck { silent, .. } => {
+                write!(f, "no answer to a progress request; silent for {silent:?}")
+            }
             Broken::Closed { why, .. } => f.write_str(why),
         }
     }
@@ -439,12 +466,21 @@ impl Worker {
                 from = self.view.revision.next();
                 continue;
             }
-            match &outcome {
-                Broken::Closed { delivered, why } => {
-                    tracing::debug!(reason = %why, revision = %self.view.revision, "watch broken; resuming");
-                    crate::metrics::record::watcher_resumed(&self.config.prefix);
+            let resume = match &outcome {
+                Broken::Closed { delivered, .. } => Some((*delivered, "closed")),
+                Broken::Stuck { delivered, .. } => Some((*delivered, "stuck")),
+                Broken::Compacted(_) => None,
+            };
+            match resume {
+                Some((delivered, reason)) => {
+                    if reason == "stuck" {
+                        tracing::warn!(why = %outcome, revision = %self.view.revision, "watch stuck; resuming on a new stream");
+                    } else {
+                        tracing::debug!(why = %outcome, revision = %self.view.revision, "watch broken; resuming");
+                    }
+                    crate::metrics::record::watcher_resumed(&self.config.prefix, reason);
                     from = self.view.revision.max(Revision(1));
-                    if *delivered {
+                    if delivered {
                         // It worked until now: resume at once.
                         self.backoff.reset();
                         continue;
@@ -457,12 +493,7 @@ impl Worker {
                     }
                     continue;
                 }
-                Broken::Compacted(_) => {
-                    crate::metrics::record::watcher_relisted(&self.config.prefix, "compacted")
-                }
-                Broken::Silent(_) => {
-                    crate::metrics::record::watcher_relisted(&self.config.prefix, "silent")
-                }
+                None => crate::metrics::record::watcher_relisted(&self.config.prefix, "compacted"),
             }
             tracing::warn!(reason = %outcome, revision = %self.view.revision, "watch broken; re-listing");
             // Re-list until it works and is not behind what we have seen.
@@ -542,11 +573,35 @@ impl Worker {
             }
         };
         let mut delivered = false;
+        // Whether a progress request is out since the last message.
+        let mut asked = false;
         loop {
-            let first = match tokio::time::timeout(self.config.silence, stream.next()).await {
-                Err(_) => return Broken::Silent(self.config.silence),
+            let wait = if asked {
+                self.config.silence.saturating_sub(self.config.probe)
+            } else {
+                self.config.probe
+            };
+            let first = match tokio::time::timeout(wait, stream.next()).await {
+                Err(_) if asked => {
+                    return Broken::Stuck {
+                        silent: self.config.silence,
+                        delivered,
+                    }
+                }
+                Err(_) => {
+                    if let Err(e) = stream.request_progress() {
+                        return Broken::Closed {
+                            delivered,
+                            why: format!("could not ask for progress: {e}"),
+                        };
+                    }
+                    asked = true;
+                    continue;
+                }
                 Ok(item) => item,
             };
+            // Any message says the stream is alive, the answer or not.
+            asked = false;
             // Whatever else has already arrived goes with it, so that a burst costs one
             // snapshot of the view (a copy of every host) rather than one per event.
             let mut items = vec![first];
@@ -594,6 +649,12 @@ impl Worker {
 
     /// Applies one watch batch to the view, collecting the events to emit.
     fn apply(&mut self, batch: crate::WatchResponse, out: &mut Vec<ClusterEvent>) {
+        let planted = crate::planted::enabled(crate::planted::Bug::WatcherTrustsProgressAnswers);
+        if batch.is_progress_answer() && !planted {
+            // Proof of life only: etcd 3.4 sends it ahead of events still queued for the
+            // watch, so its revision is no delivery bound.
+            return;
+        }
         let newest = batch
             .events
             .last()

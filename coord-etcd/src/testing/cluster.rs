@@ -138,6 +138,13 @@ impl EtcdClusterBuilder {
         self
     }
 
+    /// How often idle watches that ask for progress notifications get one (default 1 s, for
+    /// tests that wait on them; etcd's own default is 10 minutes).
+    pub fn progress_notify_interval(mut self, every: Duration) -> Self {
+        self.progress_notify_interval = every;
+        self
+    }
+
     /// Extra command-line flags for every member.
     pub fn arg(mut self, arg: impl Into<String>) -> Self {
         self.extra_args.push(arg.into());
