@@ -543,6 +543,9 @@ impl Worker {
             }
             Broken::Closed {
                 delivered: true, ..
+            }
+            | Broken::Stuck {
+                delivered: true, ..
             } if enabled(Bug::WatcherResumesFromNow) => match self.store.current_revision().await {
                 Ok(now) => {
                     self.view.revision = now;

@@ -329,6 +329,15 @@ impl Truth {
         true
     }
 
+    /// Whether `host` was registered at `revision`.
+    pub(crate) fn host_up_at(&self, host: &str, revision: Revision) -> bool {
+        let Some(ts) = self.transitions.get(host) else {
+            return false;
+        };
+        let upto = ts.partition_point(|t| t.revision <= revision);
+        upto > 0 && ts[upto - 1].up
+    }
+
     /// The fingerprint of the hosts registered at `revision`.
     pub(crate) fn fingerprint_at(&self, revision: Revision) -> Fingerprint {
         self.hosts_at

@@ -1,6 +1,6 @@
 //! The invariants of coord's cluster watchers: S4/S5 (every view equals the store at its
-//! revision, metadata included; events alternate, none lost, none twice) and L4
-//! (convergence).
+//! revision, metadata included; events alternate, each agrees with the store at its
+//! revision, none lost, none twice) and L4 (convergence).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -94,6 +94,18 @@ pub(super) fn s4_s5_watchers(run: &Run<'_>, out: &mut Vec<Violation>) {
                                 ),
                             ));
                         }
+                        if run.truth.host_up_at(h, *rev) != up {
+                            out.push(run.violation(
+                                "S5",
+                                r.at,
+                                &[*who],
+                                format!(
+                                    "{} {h} at revision {rev}, but the store had it {} then",
+                                    if up { "HostUp" } else { "HostDown" },
+                                    if up { "down" } else { "up" }
+                                ),
+                            ));
+                        }
                         if up {
                             w.up.insert(h.clone());
                         } else {
@@ -110,12 +122,12 @@ pub(super) fn s4_s5_watchers(run: &Run<'_>, out: &mut Vec<Violation>) {
                         w.streamed.insert((h.clone(), *rev, up));
                     }
                     Emitted::Updated(h, _, rev) => {
-                        if !w.up.contains(h) {
+                        if !w.up.contains(h) || !run.truth.host_up_at(h, *rev) {
                             out.push(run.violation(
                                 "S5",
                                 r.at,
                                 &[*who],
-                                format!("HostUpdated {h} at revision {rev} while it was down"),
+                                format!("HostUpdated {h} at revision {rev} while it was down (to the watcher or the store)"),
                             ));
                         }
                     }
