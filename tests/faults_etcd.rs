@@ -4,34 +4,42 @@
 //! revoke and delete, and the raft leader of three members killed.
 //!
 //! Each test asserts the bounds of docs/INVARIANTS.md and prints what it measured. Real time:
-//! TTL 3 s; slack 1 s for etcd's 500 ms expiry tick and a loaded 2-core machine.
+//! TTL 3 s; slack 1 s for etcd's 500 ms expiry tick and a loaded 2-core machine. Each also
+//! holds its whole history (the store's, from an observer, with the candidates' beliefs and
+//! the watchers' views and events) to the chaos runner's checkers (`witness.rs`).
+
+#[path = "witness.rs"]
+mod witness;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use coord_api::recipes::{
-    ClusterEvent, ClusterWatcher, ClusterWatcherConfig, Election, HostRegistration,
-    RegistrationConfig, RegistrationStatus, Session, SessionConfig,
+    ClusterWatcher, ClusterWatcherConfig, Election, HostRegistration, RegistrationConfig,
+    RegistrationStatus, Session, SessionConfig,
 };
 use coord_api::testkit::{eventually, within};
 use coord_api::{DeleteRequest, DynKvLeaseStore, KvLeaseStore, KvLeaseStoreExt, Revision};
+use coord_chaos::{Emitted, Happening};
 use coord_etcd::testing::{EtcdCluster, TcpProxy};
 use coord_etcd::{EtcdConfig, EtcdStore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use witness::Witness;
 
 const TTL: Duration = Duration::from_secs(3);
 const SLACK: Duration = Duration::from_secs(1);
 /// etcd's lease expiry tick.
 const TICK: Duration = Duration::from_millis(500);
 
-async fn single() -> (EtcdCluster, Arc<DynKvLeaseStore>) {
+async fn single() -> (EtcdCluster, Arc<DynKvLeaseStore>, Arc<Witness>) {
     let cluster = EtcdCluster::single()
         .await
         .unwrap_or_else(|e| panic!("cannot start etcd: {e}"));
+    let witness = Arc::new(Witness::start(cluster.endpoints(), TTL).await);
     let store: Arc<DynKvLeaseStore> = Arc::new(cluster.store().await);
-    (cluster, store)
+    (cluster, store, witness)
 }
 
 /// A client of member `i` through a proxy of its own, so a test can partition it alone; its
@@ -59,24 +67,15 @@ fn register(host: &str) -> RegistrationConfig {
 
 /// A watcher's events, each with when it arrived.
 #[derive(Clone, Default)]
-struct Seen(Arc<Mutex<Vec<(Instant, ClusterEvent)>>>);
+struct Seen(Arc<Mutex<Vec<(Instant, Emitted)>>>);
 
 impl Seen {
-    fn watch(&self, mut watcher: ClusterWatcher) -> JoinHandle<()> {
-        let seen = self.clone();
-        tokio::spawn(async move {
-            while let Some(e) = watcher.next().await {
-                seen.0.lock().unwrap().push((Instant::now(), e));
-            }
-        })
-    }
-
     fn downs(&self, host: &str) -> Vec<Instant> {
         self.0
             .lock()
             .unwrap()
             .iter()
-            .filter(|(_, e)| matches!(e, ClusterEvent::HostDown { host: h, .. } if h == host))
+            .filter(|(_, e)| matches!(e, Emitted::Down(h, _) if h == host))
             .map(|(t, _)| *t)
             .collect()
     }
@@ -86,16 +85,28 @@ impl Seen {
             .lock()
             .unwrap()
             .iter()
-            .filter(|(_, e)| matches!(e, ClusterEvent::HostUp { host: h, .. } if h == host))
+            .filter(|(_, e)| matches!(e, Emitted::Up(h, ..) if h == host))
             .map(|(t, _)| *t)
             .collect()
     }
 
     /// Whether the watcher emitted `host` up at `revision` or later.
     fn up_since(&self, host: &str, revision: Revision) -> bool {
-        self.0.lock().unwrap().iter().any(|(_, e)| {
-            matches!(e, ClusterEvent::HostUp { host: h, revision: r, .. } if h == host && *r >= revision)
-        })
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(_, e)| matches!(e, Emitted::Up(h, _, r) if h == host && *r >= revision))
+    }
+
+    /// How many times the watcher re-listed.
+    fn relists(&self) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, e)| matches!(e, Emitted::Resynced(_)))
+            .count()
     }
 
     /// The events applied in order to an empty set: what the watcher's consumer believes.
@@ -103,10 +114,10 @@ impl Seen {
         let mut up = BTreeSet::new();
         for (_, e) in self.0.lock().unwrap().iter() {
             match e {
-                ClusterEvent::HostUp { host, .. } => {
+                Emitted::Up(host, ..) => {
                     assert!(up.insert(host.clone()), "HostUp {host} twice in a row");
                 }
-                ClusterEvent::HostDown { host, .. } => {
+                Emitted::Down(host, _) => {
                     assert!(up.remove(host), "HostDown {host} while it was down");
                 }
                 _ => {}
@@ -116,23 +127,34 @@ impl Seen {
     }
 }
 
-async fn observe(store: &Arc<DynKvLeaseStore>) -> (Seen, JoinHandle<()>) {
+/// A watcher on `store`, its events collected and its views and events witnessed.
+async fn observe(store: &Arc<DynKvLeaseStore>, witness: &Witness) -> Seen {
     let watcher = ClusterWatcher::start(store.clone(), ClusterWatcherConfig::new("hosts/"))
         .await
         .unwrap();
     let seen = Seen::default();
-    let task = seen.watch(watcher);
-    (seen, task)
+    let log = seen.clone();
+    witness.follow("watcher", watcher, move |h| {
+        if let Happening::Emitted(_, e) = h {
+            log.0.lock().unwrap().push((Instant::now(), e.clone()));
+        }
+    });
+    seen
 }
 
 /// One leadership: who, its token, from when, until when (`None` while it lasts).
 type Belief = (String, Revision, Instant, Option<Instant>);
 
 /// Leadership beliefs of one election, as each candidate held them.
-#[derive(Clone, Default)]
-struct Leaders(Arc<Mutex<Vec<Belief>>>);
+#[derive(Clone)]
+struct Leaders(Arc<Mutex<Vec<Belief>>>, Arc<Witness>);
 
 impl Leaders {
+    /// Beliefs in the election `jobs`, witnessed.
+    fn new(witness: &Arc<Witness>) -> Self {
+        Leaders(Arc::default(), witness.clone())
+    }
+
     /// A candidate that campaigns for as long as the task runs, recording each leadership.
     fn candidate(&self, store: Arc<DynKvLeaseStore>, who: &str) -> JoinHandle<()> {
         let (log, who) = (self.clone(), who.to_owned());
@@ -151,10 +173,13 @@ impl Leaders {
                 let i = {
                     let mut l = log.0.lock().unwrap();
                     l.push((who.clone(), lead.token(), Instant::now(), None));
+                    log.1.leader_start(&who, "jobs", lead.token());
                     l.len() - 1
                 };
                 lead.lost().await;
-                log.0.lock().unwrap()[i].3 = Some(Instant::now());
+                let mut l = log.0.lock().unwrap();
+                l[i].3 = Some(Instant::now());
+                log.1.leader_end(&who, "jobs", lead.token());
             }
         })
     }
@@ -215,6 +240,7 @@ async fn all_registered(regs: &[HostRegistration], store: &Arc<DynKvLeaseStore>)
 /// Hosts a, b and c registered, and candidates x and y campaigning, one of them leading.
 async fn hosts_and_an_election(
     store: &Arc<DynKvLeaseStore>,
+    witness: &Arc<Witness>,
 ) -> (Vec<HostRegistration>, Leaders, [JoinHandle<()>; 2]) {
     let mut regs = Vec::new();
     for h in ["a", "b", "c"] {
@@ -224,7 +250,7 @@ async fn hosts_and_an_election(
                 .unwrap(),
         );
     }
-    let leaders = Leaders::default();
+    let leaders = Leaders::new(witness);
     let candidates = [
         leaders.candidate(store.clone(), "x"),
         leaders.candidate(store.clone(), "y"),
@@ -238,9 +264,9 @@ async fn hosts_and_an_election(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_and_restart_of_the_only_member() {
-    let (cluster, store) = single().await;
-    let (seen, _watcher) = observe(&store).await;
-    let (regs, leaders, _candidates) = hosts_and_an_election(&store).await;
+    let (cluster, store, witness) = single().await;
+    let seen = observe(&store, &witness).await;
+    let (regs, leaders, _candidates) = hosts_and_an_election(&store, &witness).await;
 
     cluster.kill(0);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -261,6 +287,7 @@ async fn kill_9_and_restart_of_the_only_member() {
     })
     .await;
     leaders.assert_exclusive();
+    witness.check().await;
     println!(
         "measured: after kill -9 and restart: registrations healthy {healed:?}, a leader {led:?} after etcd was back; {} leaderships in all",
         leaders.count()
@@ -269,12 +296,12 @@ async fn kill_9_and_restart_of_the_only_member() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigstop_of_the_member_longer_than_the_ttl() {
-    let (cluster, store) = single().await;
-    let (seen, _watcher) = observe(&store).await;
+    let (cluster, store, witness) = single().await;
+    let seen = observe(&store, &witness).await;
     let regs = vec![HostRegistration::start(store.clone(), register("a"))
         .await
         .unwrap()];
-    let leaders = Leaders::default();
+    let leaders = Leaders::new(&witness);
     let _c1 = leaders.candidate(store.clone(), "x");
     let _c2 = leaders.candidate(store.clone(), "y");
     eventually(SLACK * 3, "a leader", || async {
@@ -366,6 +393,7 @@ async fn sigstop_of_the_member_longer_than_the_ttl() {
     assert_eq!(leaders.count(), count, "a leadership began after recovery");
     assert_eq!(seen.downs("a").len(), downs, "HostDown after recovery");
     leaders.assert_exclusive();
+    witness.check().await;
     println!(
         "measured: SIGSTOP {stall:?} then SIGCONT: registration healthy {healed:?}, a leader {led:?} after; leader before: {held_before:?}; then {:?} without a change",
         TTL + Duration::from_secs(1)
@@ -379,8 +407,8 @@ async fn sigstop_of_the_member_longer_than_the_ttl() {
 /// clean-up keeps trying until they are gone (issue 10).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_within_a_ttl_of_etcd_answering_after_outages() {
-    let (cluster, store) = single().await;
-    let leaders = Leaders::default();
+    let (cluster, store, witness) = single().await;
+    let leaders = Leaders::new(&witness);
     let _candidates = ["x", "y", "z"].map(|who| leaders.candidate(store.clone(), who));
     eventually(SLACK * 3, "a leader", || async {
         leaders.current().is_some()
@@ -400,6 +428,7 @@ async fn a_leader_within_a_ttl_of_etcd_answering_after_outages() {
         measured.push((outage, back.elapsed()));
     }
     leaders.assert_exclusive();
+    witness.check().await;
     println!("measured: outage and then a leader after etcd answered: {measured:?}");
 }
 
@@ -407,8 +436,8 @@ async fn a_leader_within_a_ttl_of_etcd_answering_after_outages() {
 /// candidate q queued behind it on a direct connection; a watcher on a direct connection.
 struct Partitionable {
     _cluster: EtcdCluster,
+    witness: Arc<Witness>,
     seen: Seen,
-    _watcher: JoinHandle<()>,
     proxy: TcpProxy,
     reg: HostRegistration,
     leaders: Leaders,
@@ -416,13 +445,13 @@ struct Partitionable {
 }
 
 async fn partitionable() -> Partitionable {
-    let (cluster, store) = single().await;
-    let (seen, _watcher) = observe(&store).await;
+    let (cluster, store, witness) = single().await;
+    let seen = observe(&store, &witness).await;
     let (client, proxy) = proxied(&cluster, 0).await;
     let reg = HostRegistration::start(client.clone(), register("p"))
         .await
         .unwrap();
-    let leaders = Leaders::default();
+    let leaders = Leaders::new(&witness);
     let p = leaders.candidate(client.clone(), "p");
     eventually(SLACK * 3, "p to lead", || async {
         leaders.current().is_some()
@@ -435,8 +464,8 @@ async fn partitionable() -> Partitionable {
     .await;
     Partitionable {
         _cluster: cluster,
+        witness,
         seen,
-        _watcher,
         proxy,
         reg,
         leaders,
@@ -449,6 +478,7 @@ async fn a_partition_shorter_than_the_ttl_is_ridden_through() {
     // Borrowed, not moved: the fields left out (etcd, the watcher, the candidates) must live.
     let setup = partitionable().await;
     let Partitionable {
+        witness,
         seen,
         proxy,
         reg,
@@ -476,6 +506,7 @@ async fn a_partition_shorter_than_the_ttl_is_ridden_through() {
         RegistrationStatus::Registered { .. }
     ));
     leaders.assert_exclusive();
+    witness.check().await;
     println!("measured: a {cut:?} partition: no HostDown, no leader change");
 }
 
@@ -484,6 +515,7 @@ async fn a_partition_longer_than_the_ttl_expires_then_heals() {
     // Borrowed, not moved: the fields left out (etcd, the watcher, the candidates) must live.
     let setup = partitionable().await;
     let Partitionable {
+        witness,
         seen,
         proxy,
         reg,
@@ -520,6 +552,7 @@ async fn a_partition_longer_than_the_ttl_expires_then_heals() {
         RegistrationStatus::Registered { .. }
     ));
     leaders.assert_exclusive();
+    witness.check().await;
     println!(
         "measured: partition of {:?}: HostDown {down:?} after the cut (bound {down_bound:?}), q leads {failover:?} after; HostUp {up:?} after the heal (bound {up_bound:?})",
         TTL * 2
@@ -528,10 +561,10 @@ async fn a_partition_longer_than_the_ttl_expires_then_heals() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compaction_storm_loses_no_net_change() {
-    let (cluster, store) = single().await;
+    let (cluster, store, witness) = single().await;
     // The watcher goes through a proxy, so that it can be made to fall behind the storm.
     let (watching, proxy) = proxied(&cluster, 0).await;
-    let (seen, watcher_task) = observe(&watching).await;
+    let seen = observe(&watching, &witness).await;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // Compact at the current revision every 100 ms (etcd's most aggressive setting).
     let compactor = {
@@ -599,29 +632,23 @@ async fn a_compaction_storm_loses_no_net_change() {
         .map(|kv| String::from_utf8_lossy(&kv.key["hosts/".len()..]).into_owned())
         .collect();
     assert_eq!(listed, truth);
-    drop(watcher_task);
-    drop(watching);
-    let resyncs = seen
-        .0
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(_, e)| matches!(e, ClusterEvent::Resynced { .. }))
-        .count();
+    let resyncs = seen.relists();
     // A second of darkness under a compaction every 100 ms leaves the watcher's last revision
     // compacted: it must have re-listed, or the storm did not reach it.
     assert!(
         resyncs >= 1,
         "the watcher was never overtaken by the compaction"
     );
+    witness.check().await;
+    drop(watching);
     let _ = cluster;
     println!("measured: {changes} membership changes under {compactions} compactions: the watcher's events add up to the store ({resyncs} resyncs)");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operators_revoke_and_delete_are_healed() {
-    let (cluster, store) = single().await;
-    let (seen, _watcher) = observe(&store).await;
+    let (cluster, store, witness) = single().await;
+    let seen = observe(&store, &witness).await;
     let reg = HostRegistration::start(store.clone(), register("a"))
         .await
         .unwrap();
@@ -642,6 +669,7 @@ async fn an_operators_revoke_and_delete_are_healed() {
     })
     .await;
     let after_delete = deleted.elapsed();
+    witness.check().await;
     println!("measured: healed {after_revoke:?} after an external revoke, {after_delete:?} after an external delete");
 }
 
@@ -653,9 +681,10 @@ async fn the_raft_leader_of_three_killed_with_hosts_and_an_election() {
         .start()
         .await
         .unwrap_or_else(|e| panic!("cannot start etcd: {e}"));
+    let witness = Arc::new(Witness::start(cluster.endpoints(), TTL).await);
     let store: Arc<DynKvLeaseStore> = Arc::new(cluster.store().await);
-    let (seen, _watcher) = observe(&store).await;
-    let (regs, leaders, _candidates) = hosts_and_an_election(&store).await;
+    let seen = observe(&store, &witness).await;
+    let (regs, leaders, _candidates) = hosts_and_an_election(&store, &witness).await;
 
     let killed = cluster.kill_leader().await;
     let at = Instant::now();
@@ -688,6 +717,7 @@ async fn the_raft_leader_of_three_killed_with_hosts_and_an_election() {
         );
     }
     leaders.assert_exclusive();
+    witness.check().await;
     println!(
         "measured: member {killed} (raft leader) killed: writes again {writes:?} after, an election leader {led:?} after; no HostDown; {} leaderships in all",
         leaders.count()
@@ -702,7 +732,7 @@ async fn a_service_started_while_etcd_is_down_comes_up_when_it_answers() {
     use coord_api::recipes::{
         Candidate, CandidateConfig, CandidateStatus, ElectionPool, HostSession, Term,
     };
-    let (cluster, observer) = single().await;
+    let (cluster, observer, witness) = single().await;
     cluster.kill(0);
     let store: Arc<DynKvLeaseStore> =
         Arc::new(EtcdStore::connect_lazy(cluster.config()).expect("a valid configuration"));
@@ -733,7 +763,7 @@ async fn a_service_started_while_etcd_is_down_comes_up_when_it_answers() {
     )
     .await
     .unwrap();
-    within(
+    let token = within(
         bound,
         "the candidate's term",
         candidate
@@ -741,7 +771,12 @@ async fn a_service_started_while_etcd_is_down_comes_up_when_it_answers() {
             .wait_for(|s| matches!(s, CandidateStatus::Leading { .. })),
     )
     .await
+    .map(|s| match s {
+        CandidateStatus::Leading { token } => token,
+        _ => unreachable!("waited for Leading"),
+    })
     .unwrap();
+    witness.leader_start("a", "jobs", token);
     println!(
         "registered and leading {:?} after the restart (etcd ready after {ready:?})",
         restarted.elapsed()
@@ -757,15 +792,19 @@ async fn a_service_started_while_etcd_is_down_comes_up_when_it_answers() {
         "one lease for both"
     );
     candidate.stop().await.unwrap();
+    witness.leader_end("a", "jobs", token);
     reg.stop().await.unwrap();
     host.stop().await.unwrap();
+    witness.check().await;
 }
 
 /// Three members with fast elections (and peer proxies, so one can be cut off), and a client
 /// whose first endpoint is member `first`: the member it uses until that one fails it. Its
 /// request timeout (a third of the TTL) gives up on a member that holds requests well before
 /// a session's deadline.
-async fn three_members(first: Option<usize>) -> (EtcdCluster, Arc<DynKvLeaseStore>, usize) {
+async fn three_members(
+    first: Option<usize>,
+) -> (EtcdCluster, Arc<DynKvLeaseStore>, usize, Arc<Witness>) {
     let cluster = EtcdCluster::builder()
         .members(3)
         .fast_elections(true)
@@ -773,6 +812,7 @@ async fn three_members(first: Option<usize>) -> (EtcdCluster, Arc<DynKvLeaseStor
         .start()
         .await
         .unwrap_or_else(|e| panic!("cannot start etcd: {e}"));
+    let witness = Arc::new(Witness::start(cluster.endpoints(), TTL).await);
     let leader = cluster.leader().await.expect("a leader");
     let first = first.unwrap_or((leader + 1) % cluster.len());
     let mut endpoints = vec![cluster.endpoint(first)];
@@ -785,7 +825,7 @@ async fn three_members(first: Option<usize>) -> (EtcdCluster, Arc<DynKvLeaseStor
         .with_limits(cluster.limits())
         .with_request_timeout(TTL / 3);
     let store: Arc<DynKvLeaseStore> = Arc::new(EtcdStore::connect(config).await.unwrap());
-    (cluster, store, first)
+    (cluster, store, first, witness)
 }
 
 /// Asserts what a member-level fault must not cost while a majority answers: no host reported
@@ -826,9 +866,9 @@ async fn assert_ridden_through(
 /// client) sees a host that registers on the majority meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_partition_of_the_clients_member_is_ridden_through() {
-    let (cluster, store, victim) = three_members(None).await;
-    let (seen, _watcher) = observe(&store).await;
-    let (regs, leaders, _candidates) = hosts_and_an_election(&store).await;
+    let (cluster, store, victim, witness) = three_members(None).await;
+    let seen = observe(&store, &witness).await;
+    let (regs, leaders, _candidates) = hosts_and_an_election(&store, &witness).await;
     let leaderships = leaders.count();
     let majority: Arc<DynKvLeaseStore> = {
         let other = (victim + 1) % cluster.len();
@@ -862,6 +902,7 @@ async fn a_peer_partition_of_the_clients_member_is_ridden_through() {
     .await;
     assert!(seen.downs("d").is_empty(), "HostDown for d");
     drop(d);
+    witness.check().await;
     println!(
         "measured: member {victim} (the client's) cut from its peers for {:?}: the watcher saw a host registered on the majority {saw_d:?} after the cut; no HostDown, no leadership lost, watched {:?} after the heal",
         TTL * 2,
@@ -873,9 +914,9 @@ async fn a_peer_partition_of_the_clients_member_is_ridden_through() {
 /// the restarted members refresh every lease, so nothing is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_cluster_restart_is_ridden_through() {
-    let (cluster, store, _) = three_members(None).await;
-    let (seen, _watcher) = observe(&store).await;
-    let (regs, leaders, _candidates) = hosts_and_an_election(&store).await;
+    let (cluster, store, _, witness) = three_members(None).await;
+    let seen = observe(&store, &witness).await;
+    let (regs, leaders, _candidates) = hosts_and_an_election(&store, &witness).await;
     let leaderships = leaders.count();
 
     let start = Instant::now();
@@ -897,6 +938,7 @@ async fn a_full_cluster_restart_is_ridden_through() {
         "a full restart",
     )
     .await;
+    witness.check().await;
     println!(
         "measured: all 3 members killed and restarted: ready {restarted:?} after, writes {writes:?} after; no HostDown, no leadership lost"
     );
@@ -907,9 +949,9 @@ async fn a_full_cluster_restart_is_ridden_through() {
 /// every host's key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replaced_member_catches_up_and_costs_nothing() {
-    let (cluster, store, victim) = three_members(None).await;
-    let (seen, _watcher) = observe(&store).await;
-    let (regs, leaders, _candidates) = hosts_and_an_election(&store).await;
+    let (cluster, store, victim, witness) = three_members(None).await;
+    let seen = observe(&store, &witness).await;
+    let (regs, leaders, _candidates) = hosts_and_an_election(&store, &witness).await;
     let leaderships = leaders.count();
 
     let start = Instant::now();
@@ -932,6 +974,7 @@ async fn a_replaced_member_catches_up_and_costs_nothing() {
         "a member replaced",
     )
     .await;
+    witness.check().await;
     println!(
         "measured: member {victim} (the client's) removed, wiped and added back: serving with every key {replaced:?} after; no HostDown, no leadership lost"
     );
@@ -942,9 +985,9 @@ async fn a_replaced_member_catches_up_and_costs_nothing() {
 /// may fail and are retried, and nothing a recipe promises moves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_of_leader_transfers_is_ridden_through() {
-    let (cluster, store, _) = three_members(None).await;
-    let (seen, _watcher) = observe(&store).await;
-    let (regs, leaders, _candidates) = hosts_and_an_election(&store).await;
+    let (cluster, store, _, witness) = three_members(None).await;
+    let seen = observe(&store, &witness).await;
+    let (regs, leaders, _candidates) = hosts_and_an_election(&store, &witness).await;
     let leaderships = leaders.count();
 
     let start = Instant::now();
@@ -967,6 +1010,7 @@ async fn a_storm_of_leader_transfers_is_ridden_through() {
         "leader transfers",
     )
     .await;
+    witness.check().await;
     println!(
         "measured: {moved} raft leader transfers in {:?}: no HostDown, no leadership lost",
         TTL * 3
@@ -987,6 +1031,7 @@ async fn a_stopped_member_under_a_watcher_is_left_within_five_seconds() {
         .start()
         .await
         .unwrap_or_else(|e| panic!("cannot start etcd: {e}"));
+    let witness = Arc::new(Witness::start(cluster.endpoints(), TTL).await);
     let leader = cluster.leader().await.expect("a leader");
     let victim = (leader + 1) % cluster.len();
     let writer_member = (leader + 2) % cluster.len();
@@ -1007,7 +1052,7 @@ async fn a_stopped_member_under_a_watcher_is_left_within_five_seconds() {
             .await
             .unwrap(),
     );
-    let (seen, _watcher) = observe(&watched).await;
+    let seen = observe(&watched, &witness).await;
     writer.put_value("hosts/a", "a").await.unwrap();
     eventually(SLACK, "the watcher to see a", || async {
         !seen.ups("a").is_empty()
@@ -1042,19 +1087,49 @@ async fn a_stopped_member_under_a_watcher_is_left_within_five_seconds() {
     .await;
     let expected: BTreeSet<String> = ["b", "c"].into_iter().map(String::from).collect();
     assert_eq!(seen.replayed(), expected, "the watcher's membership");
-    let relists = seen
-        .0
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|(_, e)| matches!(e, ClusterEvent::Resynced { .. }))
-        .count();
     assert_eq!(
-        relists, 0,
+        seen.relists(),
+        0,
         "a re-list; a stuck stream resumes from its revision"
     );
+    witness.check().await;
     println!(
         "measured: member {victim} (the watcher's) stopped: a change made on another member seen {reattached:?} after the stop (bound 5 s); after SIGCONT watched {:?} more, no re-list",
         resumed.elapsed()
     );
+}
+
+/// The witness has teeth on real etcd: while a real candidate leads, a belief planted for a
+/// rogue with a token no key holds is a phantom (S3) overlapping the real leader (S2), and a
+/// HostDown planted into a real watcher's output for a host the store still has breaks S5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_witness_catches_planted_wrong_beliefs_on_real_etcd() {
+    let (_cluster, store, witness) = single().await;
+    let seen = observe(&store, &witness).await;
+    let (regs, leaders, _candidates) = hosts_and_an_election(&store, &witness).await;
+    eventually(SLACK, "the watcher to see a, b and c", || async {
+        seen.replayed().len() == 3
+    })
+    .await;
+    let (_, token) = leaders.current().expect("a leader");
+    let rogue = Revision(token.0 + 1_000_000);
+    witness.leader_start("rogue", "jobs", rogue);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    witness.leader_end("rogue", "jobs", rogue);
+    let watcher = witness.who("watcher");
+    let revision = store.current_revision().await.unwrap();
+    witness.record(Happening::Emitted(
+        watcher,
+        Emitted::Down("a".into(), revision),
+    ));
+    let (violations, _) = witness.violations().await;
+    let broken: BTreeSet<&str> = violations.iter().map(|v| v.invariant.as_str()).collect();
+    for expected in ["S2", "S3", "S5"] {
+        assert!(
+            broken.contains(expected),
+            "{expected} not caught; caught: {violations:#?}"
+        );
+    }
+    drop(regs);
+    println!("measured: planted wrong beliefs caught on real etcd as {broken:?}");
 }

@@ -10,9 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use coord_api::recipes::{
-    Candidate, CandidateConfig, ClusterEvent, ClusterView, ClusterWatcher, ClusterWatcherConfig,
-    ElectionPool, HostRegistration, HostSession, RegistrationConfig, RegistrationStatus,
-    SessionConfig, Term,
+    Candidate, CandidateConfig, ClusterWatcher, ClusterWatcherConfig, ElectionPool,
+    HostRegistration, HostSession, RegistrationConfig, RegistrationStatus, SessionConfig, Term,
 };
 use coord_api::sync::watch;
 use coord_api::{Error, PutRequest, TxnRequest};
@@ -26,7 +25,7 @@ use crate::check::{self, FencedWrites, Invariant, Permits};
 use crate::coord_locker::{
     locker, Shared, LOCK, LOCK_WORK_PREFIX, PERMITS, PERMIT_WORK_PREFIX, SEMAPHORE,
 };
-use crate::history::{Emitted, Happening, Outcome, Part};
+use crate::history::{Happening, Outcome, Part};
 use crate::keys::{election_name, host_key, metadata, work_key, HOSTS};
 use crate::rng::Rng;
 use crate::scenario::Scenario;
@@ -284,87 +283,20 @@ async fn start_watcher(node: &Node) -> Option<ClusterWatcher> {
     }
 }
 
-/// The hosts of `view` that differ from `earlier`, for the history.
-fn changes(view: &ClusterView, earlier: &ClusterView) -> Vec<(String, Option<String>)> {
-    view.changes_since(earlier)
-        .map(|c| {
-            let md = c.metadata.map(|m| String::from_utf8_lossy(m).into_owned());
-            (c.host.to_owned(), md)
-        })
-        .collect()
-}
-
-/// Records every view the watcher publishes and every event it emits; checks, at each
-/// event, that the view already holds it.
+/// Records every view the watcher publishes and every event it emits, until the node stops.
 async fn follow_watcher(node: Node) {
-    let Some(mut watcher) = start_watcher(&node).await else {
+    let Some(watcher) = start_watcher(&node).await else {
         return;
     };
-    let mut views = watcher.subscribe_view();
-    let mut recorded: Option<Arc<ClusterView>> = None;
-    loop {
-        // Record the view first: the watcher publishes a view before the event it explains.
-        let view = views.get_and_update();
-        if recorded.as_ref().map(|v| v.revision()) != Some(view.revision()) {
-            let empty = ClusterView::default();
-            let earlier = recorded.as_deref().unwrap_or(&empty);
-            node.record(Happening::View {
-                who: node.who(),
-                revision: view.revision(),
-                changes: changes(&view, earlier),
-            });
-            recorded = Some(view.clone());
-        }
-        tokio::select! {
-            biased;
-            _ = node.stopping() => {
-                // What the view already holds was emitted too: read it to the end.
-                for event in watcher.stop().await {
-                    node.record(Happening::Emitted(node.who(), emitted(event)));
-                }
-                return;
-            }
-            changed = views.changed() => if changed.is_err() { return },
-            event = watcher.next() => {
-                let Some(event) = event else { return };
-                if let Some(wrong) = view_disagrees(&event, &watcher.view()) {
-                    node.record(Happening::Inconsistent { who: node.who(), detail: wrong });
-                }
-                node.record(Happening::Emitted(node.who(), emitted(event)));
-            }
-        }
-    }
-}
-
-/// Whether the view a consumer reads on getting `event` is older than the event, or, at the
-/// event's own revision, misses its change. (A newer view may have moved on: the host may be
-/// back, or gone again.)
-fn view_disagrees(event: &ClusterEvent, view: &ClusterView) -> Option<String> {
-    (!view.explains(event)).then(|| {
-        format!(
-            "the watcher emitted {event:?} while its view was at revision {} ({} hosts)",
-            view.revision(),
-            view.len()
-        )
-    })
-}
-
-fn emitted(e: ClusterEvent) -> Emitted {
-    let md = |m: coord_api::Bytes| String::from_utf8_lossy(&m).into_owned();
-    match e {
-        ClusterEvent::HostUp {
-            host,
-            metadata,
-            revision,
-        } => Emitted::Up(host, md(metadata), revision),
-        ClusterEvent::HostUpdated {
-            host,
-            metadata,
-            revision,
-        } => Emitted::Updated(host, md(metadata), revision),
-        ClusterEvent::HostDown { host, revision, .. } => Emitted::Down(host, revision),
-        ClusterEvent::Resynced { revision } => Emitted::Resynced(revision),
-    }
+    let recorder = node.clone();
+    let stopping = node.clone();
+    crate::watcher_record::record_watcher(
+        watcher,
+        node.who(),
+        move |h| recorder.record(h),
+        async move { stopping.stopping().await },
+    )
+    .await;
 }
 
 /// The node's election pool, on the host's session, and a candidate per election.

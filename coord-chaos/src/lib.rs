@@ -102,6 +102,7 @@ mod svg;
 mod timeline;
 #[cfg(feature = "turmoil")]
 mod turmoil_world;
+mod watcher_record;
 
 pub use check::{
     check, generic, Believed, Commit, FencedWrites, Invariant, Permits, Run, Violation,
@@ -123,6 +124,7 @@ pub use timeline::timeline;
 pub use turmoil_world::{
     simulate_service_turmoil, simulate_turmoil, turmoil_fault_kinds, turmoil_supports,
 };
+pub use watcher_record::record_watcher;
 
 /// The crate's README, whose examples are compiled as doctests.
 #[cfg(doctest)]

@@ -40,6 +40,20 @@ impl Recorder {
         }
     }
 
+    /// A recorder for a history written outside the simulator (a test on a real store, in
+    /// real time): records are stamped with the time since now.
+    pub fn starting_now() -> Self {
+        Recorder::new(Instant::now())
+    }
+
+    /// A copy of the history so far, in the order it was recorded.
+    pub fn history(&self) -> History {
+        self.history
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Stamps records with turmoil's simulated time.
     #[cfg(feature = "turmoil")]
     pub(crate) fn turmoil(tick: Duration) -> Self {
@@ -60,7 +74,7 @@ impl Recorder {
     }
 
     /// Records `what` as happening at `at` (on the current runtime's clock).
-    pub(crate) fn record_at(&self, at: Instant, what: Happening) {
+    pub fn record_at(&self, at: Instant, what: Happening) {
         let at = match self.clock {
             Clock::Tokio(start) => at.saturating_duration_since(start),
             #[cfg(feature = "turmoil")]

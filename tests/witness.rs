@@ -1,0 +1,323 @@
+//! The chaos runner's history checkers, on real etcd: a witness records the store's history
+//! (every change, from an observer watching the whole keyspace from the first revision it
+//! sees) beside what the test's nodes believed and what their watchers emitted, and holds it
+//! to the safety invariants that need no lease grants (a watch does not show those): S1 and
+//! S2 (tokens grow, one believer at a time), S3 (no phantom leadership), S4/S5 (every view
+//! equals the store at its revision; every event agrees with the store; no change lost or
+//! doubled) and C1.
+//!
+//! The checkers compare times: a belief must begin after the change that made it true. A
+//! change's time is when an observer received it, so one observer per member watches, each
+//! on a connection to its member alone, and a change counts from its earliest receipt: a
+//! member the test stops or cuts off delays only its own observer.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use coord_api::recipes::ClusterWatcher;
+use coord_api::{Event, EventKind, KeyValue, LeaseId, Revision};
+use coord_chaos::{
+    check, record_watcher, CoordService, Happening, History, Incarnation, Recorder, Scenario,
+    Service, Violation,
+};
+use coord_sim::journal::{Entry, Origin};
+use etcd_client::{Client, EventType, WatchOptions};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// The key the witness writes at the end: every change before it has been observed once the
+/// observer sees it. Outside every prefix the tests use.
+const SENTINEL: &str = "~witness/end";
+
+/// Every change observed, by revision: its earliest receipt, and its events.
+type Observed = Arc<Mutex<BTreeMap<i64, (Instant, Vec<Event>)>>>;
+
+/// The invariants a real-etcd history can be held to.
+const APPLICABLE: [&str; 5] = ["S1", "S2", "S3", "S4/S5", "C1"];
+
+/// Records a real cluster's history for the checkers.
+pub(crate) struct Witness {
+    recorder: Recorder,
+    endpoints: Vec<String>,
+    /// The first revision observed.
+    first: Revision,
+    /// Every change observed, by revision: its earliest receipt, and its events.
+    observed: Observed,
+    observers: Mutex<Vec<JoinHandle<()>>>,
+    stop: CancellationToken,
+    followers: Mutex<Vec<JoinHandle<()>>>,
+    /// Who is who: each name the test uses, as a node of the history.
+    names: Mutex<BTreeMap<String, Incarnation>>,
+    ttl: Duration,
+}
+
+impl Witness {
+    /// Starts observing the cluster at `endpoints` (sessions there have `ttl`).
+    pub(crate) async fn start(endpoints: Vec<String>, ttl: Duration) -> Witness {
+        let recorder = Recorder::starting_now();
+        let observed = Observed::default();
+        let stop = CancellationToken::new();
+        let mut client = Client::connect(endpoints.clone(), None)
+            .await
+            .expect("the witness connects");
+        let first = client
+            .get(
+                "\0",
+                Some(etcd_client::GetOptions::new().with_from_key().with_limit(1)),
+            )
+            .await
+            .expect("the witness reads the revision")
+            .header()
+            .map_or(1, |h| h.revision())
+            + 1;
+        let observers = endpoints
+            .iter()
+            .map(|e| {
+                tokio::spawn(observe(
+                    e.clone(),
+                    Revision(first),
+                    Arc::clone(&observed),
+                    stop.clone(),
+                ))
+            })
+            .collect();
+        Witness {
+            recorder,
+            endpoints,
+            first: Revision(first),
+            observed,
+            observers: Mutex::new(observers),
+            stop,
+            followers: Mutex::default(),
+            names: Mutex::default(),
+            ttl,
+        }
+    }
+
+    /// The history node standing for the test's `name` (a host, a candidate).
+    pub(crate) fn who(&self, name: &str) -> Incarnation {
+        let mut names = self.names.lock().unwrap();
+        let next = names.len();
+        *names
+            .entry(name.to_owned())
+            .or_insert(Incarnation { node: next, inc: 0 })
+    }
+
+    /// Records that `name` believes it leads `election` with `token`.
+    pub(crate) fn leader_start(&self, name: &str, election: &str, token: Revision) {
+        self.recorder.record(Happening::LeaderStart {
+            who: self.who(name),
+            election: election.to_owned(),
+            token,
+        });
+    }
+
+    /// Records that `name` no longer believes it leads.
+    pub(crate) fn leader_end(&self, name: &str, election: &str, token: Revision) {
+        self.recorder.record(Happening::LeaderEnd {
+            who: self.who(name),
+            election: election.to_owned(),
+            token,
+            resigned: false,
+        });
+    }
+
+    /// Records every view and event of `watcher`, as `name`'s, until the witness checks;
+    /// hands each record to `also` as well.
+    pub(crate) fn follow(
+        &self,
+        name: &str,
+        watcher: ClusterWatcher,
+        also: impl Fn(&Happening) + Send + Sync + 'static,
+    ) {
+        let (recorder, stop, who) = (self.recorder.clone(), self.stop.clone(), self.who(name));
+        let task = tokio::spawn(async move {
+            record_watcher(
+                watcher,
+                who,
+                |h| {
+                    also(&h);
+                    recorder.record(h)
+                },
+                async move { stop.cancelled().await },
+            )
+            .await
+        });
+        self.followers.lock().unwrap().push(task);
+    }
+
+    /// Stops recording once the observer has every change up to now, and holds the history
+    /// to the applicable invariants; panics with the violations and the timeline otherwise.
+    pub(crate) async fn check(&self) {
+        let (violations, history) = self.violations().await;
+        assert!(
+            violations.is_empty(),
+            "the history breaks invariants:\n{}\n\n{}",
+            violations
+                .iter()
+                .map(|v| v.to_string())
+                .collect::<Vec<_>>()
+                .join("\n"),
+            coord_chaos::timeline(&history)
+        );
+        let count =
+            |f: fn(&Happening) -> bool| history.records.iter().filter(|r| f(&r.what)).count();
+        println!(
+            "witness: {} commits, {} leaderships, {} watcher views and {} events held to {APPLICABLE:?}: none broken",
+            count(|h| matches!(h, Happening::Store(_))),
+            count(|h| matches!(h, Happening::LeaderStart { .. })),
+            count(|h| matches!(h, Happening::View { .. })),
+            count(|h| matches!(h, Happening::Emitted(..))),
+        );
+    }
+
+    /// Stops recording once the observer has every change up to now; the history's
+    /// violations of the applicable invariants, and the history.
+    pub(crate) async fn violations(&self) -> (Vec<Violation>, History) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // etcd-client's balancer may pick a member the test killed: try until one answers.
+        let end = loop {
+            let put = async {
+                let mut client = Client::connect(self.endpoints.clone(), None).await?;
+                client.put(SENTINEL, "", None).await
+            };
+            match tokio::time::timeout(Duration::from_secs(2), put).await {
+                Ok(Ok(r)) => break r.header().map_or(0, |h| h.revision()),
+                failed => assert!(
+                    Instant::now() < deadline,
+                    "the witness's sentinel write failed for 10 s: {failed:?}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        while !self.observed.lock().unwrap().contains_key(&end) {
+            assert!(
+                Instant::now() < deadline,
+                "no observer of the witness reached revision {end} within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.stop.cancel();
+        let followers: Vec<_> = self.followers.lock().unwrap().drain(..).collect();
+        for f in followers {
+            let _ = f.await;
+        }
+        let observers: Vec<_> = self.observers.lock().unwrap().drain(..).collect();
+        for o in observers {
+            let _ = o.await;
+        }
+        // Every revision changes at least one key, so the observed revisions run without a
+        // gap from the first to the sentinel's, or the history is incomplete.
+        let observed = std::mem::take(&mut *self.observed.lock().unwrap());
+        let revisions: Vec<i64> = observed.keys().copied().collect();
+        let expected: Vec<i64> = (self.first.0..=end).collect();
+        assert_eq!(revisions, expected, "the observers missed revisions");
+        for (revision, (at, events)) in observed {
+            self.recorder.record_at(
+                at,
+                Happening::Store(Entry::Commit {
+                    revision: Revision(revision),
+                    origin: Origin::Store,
+                    events,
+                }),
+            );
+        }
+        let mut history = self.recorder.history();
+        // Observed and believed were recorded by different tasks: put them in time order.
+        history.records.sort_by_key(|r| r.at);
+        let mut scenario = Scenario::default();
+        scenario.ttl = self.ttl;
+        let invariants: Vec<_> = CoordService
+            .invariants(&scenario)
+            .into_iter()
+            .chain(coord_chaos::generic())
+            .filter(|i| APPLICABLE.contains(&i.name()))
+            .collect();
+        (check(&scenario, &history, &invariants), history)
+    }
+
+    /// Records `what` as happening now (for a test that plants a wrong belief).
+    pub(crate) fn record(&self, what: Happening) {
+        self.recorder.record(what);
+    }
+}
+
+/// Watches every key from `from` on through `endpoint` alone, adding each revision's changes
+/// to `observed` (keeping the earliest receipt); re-opens from the next revision when the
+/// stream breaks (a member killed).
+async fn observe(
+    endpoint: String,
+    mut from: Revision,
+    observed: Observed,
+    stop: CancellationToken,
+) {
+    loop {
+        let opened = async {
+            let mut c = Client::connect([endpoint.as_str()], None).await?;
+            let opts = WatchOptions::new()
+                .with_from_key()
+                .with_prev_key()
+                .with_start_revision(from.0);
+            c.watch("\0", Some(opts)).await
+        };
+        let mut stream = tokio::select! {
+            _ = stop.cancelled() => return,
+            s = opened => match s {
+                Ok(s) => s,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        loop {
+            let msg = tokio::select! {
+                _ = stop.cancelled() => return,
+                m = stream.message() => m,
+            };
+            let Ok(Some(resp)) = msg else { break };
+            assert!(
+                resp.compact_revision() == 0,
+                "a witness's observer fell behind a compaction at {}: the history is incomplete",
+                resp.compact_revision()
+            );
+            let at = Instant::now();
+            let mut by_revision: BTreeMap<i64, Vec<Event>> = BTreeMap::new();
+            for e in resp.events() {
+                let Some(kv) = e.kv() else { continue };
+                let kind = match e.event_type() {
+                    EventType::Put => EventKind::Put,
+                    EventType::Delete => EventKind::Delete,
+                };
+                by_revision
+                    .entry(kv.mod_revision())
+                    .or_default()
+                    .push(Event {
+                        kind,
+                        kv: key_value(kv),
+                        prev_kv: e.prev_kv().map(key_value),
+                    });
+            }
+            let mut all = observed.lock().unwrap();
+            for (revision, events) in by_revision {
+                from = Revision(revision + 1);
+                all.entry(revision)
+                    .and_modify(|(earliest, _)| *earliest = (*earliest).min(at))
+                    .or_insert((at, events));
+            }
+        }
+    }
+}
+
+fn key_value(kv: &etcd_client::KeyValue) -> KeyValue {
+    KeyValue {
+        key: kv.key().to_vec().into(),
+        value: kv.value().to_vec().into(),
+        create_revision: Revision(kv.create_revision()),
+        mod_revision: Revision(kv.mod_revision()),
+        version: kv.version(),
+        lease: LeaseId(kv.lease()),
+    }
+}
