@@ -9,10 +9,12 @@
 //! the host's registration shares.
 
 use std::collections::BTreeSet;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use tokio_util::sync::CancellationToken;
 
 use super::election::{Election, Leadership};
 use super::host::HostSession;
@@ -61,6 +63,8 @@ struct Inner {
     /// The elections campaigned in, whose candidate keys `stop` removes.
     names: Mutex<BTreeSet<String>>,
     stopped: AtomicBool,
+    /// Cancelled by `stop`: ends the pool's campaigns still running.
+    stopping: CancellationToken,
     held: Arc<AtomicUsize>,
 }
 
@@ -83,6 +87,7 @@ impl ElectionPool {
                 owned,
                 names: Mutex::default(),
                 stopped: AtomicBool::new(false),
+                stopping: CancellationToken::new(),
                 held: Arc::new(AtomicUsize::new(0)),
             }),
         }
@@ -124,13 +129,28 @@ impl ElectionPool {
     /// As [`election`](Self::election) and [`Election::campaign`].
     pub async fn campaign(&self, name: &str, value: impl Into<Bytes>) -> Result<Leadership> {
         let value = value.into();
-        let election = self.election(name).await?;
-        match election.campaign(value.clone()).await {
-            Err(Error::LeaseNotFound { lease }) => {
-                self.inner.host.evict(lease).await;
-                self.election(name).await?.campaign(value).await
+        self.until_stopped(async {
+            let election = self.election(name).await?;
+            match election.campaign(value.clone()).await {
+                Err(Error::LeaseNotFound { lease }) => {
+                    self.inner.host.evict(lease).await;
+                    self.election(name).await?.campaign(value).await
+                }
+                other => other,
             }
-            other => other,
+        })
+        .await
+    }
+
+    /// Runs `campaign` until the pool stops; a campaign the stop ends is dropped (its key is
+    /// withdrawn once its write settles) and returns [`Error::Cancelled`].
+    async fn until_stopped<T>(&self, campaign: impl Future<Output = Result<T>>) -> Result<T> {
+        tokio::select! {
+            biased;
+            _ = self.inner.stopping.cancelled() => Err(Error::Cancelled {
+                operation: "campaign (election pool stopped)",
+            }),
+            r = campaign => r,
         }
     }
 
@@ -145,14 +165,17 @@ impl ElectionPool {
         value: impl Into<Bytes>,
     ) -> Result<Option<Leadership>> {
         let value = value.into();
-        let election = self.election(name).await?;
-        match election.try_campaign(value.clone()).await {
-            Err(Error::LeaseNotFound { lease }) => {
-                self.inner.host.evict(lease).await;
-                self.election(name).await?.try_campaign(value).await
+        self.until_stopped(async {
+            let election = self.election(name).await?;
+            match election.try_campaign(value.clone()).await {
+                Err(Error::LeaseNotFound { lease }) => {
+                    self.inner.host.evict(lease).await;
+                    self.election(name).await?.try_campaign(value).await
+                }
+                other => other,
             }
-            other => other,
-        }
+        })
+        .await
     }
 
     /// Counters.
@@ -165,11 +188,12 @@ impl ElectionPool {
         }
     }
 
-    /// Ends every leadership and candidacy of the pool at once, and campaigns no more. On a
-    /// session of its own, the pool revokes it (and any lease it gave up at its deadline that
-    /// the store may still hold); on a shared [`HostSession`], it deletes its candidate keys
-    /// under the host's leases, and the host's lease lives on. Either way the keys go, and
-    /// every leadership's `lost()` fires.
+    /// Ends every leadership and candidacy of the pool at once, and campaigns no more: its
+    /// campaigns still running return [`Error::Cancelled`]. On a session of its own, the pool
+    /// revokes it (and any lease it gave up at its deadline that the store may still hold);
+    /// on a shared [`HostSession`], it deletes its candidate keys under the host's leases,
+    /// each once any write of it still in flight has settled, and the host's lease lives on.
+    /// Either way the keys go, and every leadership's `lost()` fires.
     ///
     /// # Errors
     /// Whatever a revoke or delete fails with (a lease already gone is success). A revoke is
@@ -178,6 +202,7 @@ impl ElectionPool {
     pub async fn stop(self) -> Result<()> {
         let inner = &self.inner;
         inner.stopped.store(true, Ordering::SeqCst);
+        inner.stopping.cancel();
         if inner.owned {
             return inner.host.clone().stop().await;
         }
@@ -188,8 +213,21 @@ impl ElectionPool {
             .iter()
             .cloned()
             .collect();
+        // The current session's keys are left in each election's turn, after the write of a
+        // campaign just cancelled has settled; a delete sent sooner could be overtaken by it.
+        let current = inner.host.current();
+        if let Some(session) = &current {
+            for name in &names {
+                Election::new(session.clone(), name.clone()).leave().await?;
+            }
+        }
         let store = inner.host.store();
-        for lease in inner.host.leases() {
+        let earlier = inner
+            .host
+            .leases()
+            .into_iter()
+            .filter(|l| current.as_ref().is_none_or(|s| s.lease() != *l));
+        for lease in earlier {
             for name in &names {
                 store
                     .delete(DeleteRequest::key(candidate_key(name, lease)))

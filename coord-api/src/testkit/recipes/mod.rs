@@ -66,6 +66,7 @@ macro_rules! recipe_tests {
             election::observe_and_leader_follow_the_election,
             pool::pool_stop_drops_every_leadership_at_once,
             pool::pool_evicts_a_dead_session_before_the_next_campaign,
+            pool::pool_stop_with_a_campaign_in_flight_leaves_no_key,
             election::a_deposed_leaders_write_is_fenced_out_and_ends_its_leadership,
             host::a_host_session_shares_one_lease_and_heals_it,
             host::a_registration_spawned_while_cut_off_registers_when_the_store_answers,

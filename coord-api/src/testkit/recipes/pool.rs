@@ -62,3 +62,53 @@ pub async fn pool_evicts_a_dead_session_before_the_next_campaign(fx: &dyn Fixtur
     assert_eq!((stats.sessions, stats.evictions), (2, 1));
     assert!(second.is_leader());
 }
+
+/// A pool on a shared host session, stopped while one of its campaigns has its key's write
+/// on the way: when `stop` returns the key is gone, and nothing brings it back. (Deleted
+/// directly, the key would be overtaken by the write and stand under the host's lease, which
+/// lives on: a candidate nobody runs, at the head of the queue once the holder goes.)
+pub async fn pool_stop_with_a_campaign_in_flight_leaves_no_key(fx: &dyn Fixture) {
+    use crate::recipes::{Election, HostSession};
+    let store = fx.store();
+    let a = session(fx, &store).await;
+    let _held = Election::new(&a, "jobs").campaign("a").await.unwrap();
+    let client = fx.client().await;
+    let host = HostSession::new(
+        client.store.clone(),
+        SessionConfig::default().with_ttl(fx.ttl()),
+    );
+    let lease = host.session().await.unwrap().lease();
+    let key = crate::candidate_key("jobs", lease);
+    let pool = ElectionPool::on(&host);
+    let delay = fx.ttl() / 10;
+    client.delay_requests(delay);
+    let campaigning = tokio::spawn({
+        let pool = pool.clone();
+        async move { pool.campaign("jobs", "b").await.map(|_| ()) }
+    });
+    // The write of b's key is on its way.
+    tokio::time::sleep(delay / 2).await;
+    client.delay_requests(std::time::Duration::ZERO);
+    within(prompt(fx) + delay, "the pool to stop", pool.stop())
+        .await
+        .unwrap();
+    assert!(!present(&store, &key).await, "b's key stands after stop");
+    let outcome = within(prompt(fx), "the campaign to end", campaigning)
+        .await
+        .expect("the campaign's task");
+    assert!(
+        matches!(outcome, Err(Error::Cancelled { .. })),
+        "{outcome:?}"
+    );
+    // Whatever was in flight has landed by now; nothing brought the key back.
+    tokio::time::sleep(delay * 2).await;
+    assert!(
+        !present(&store, &key).await,
+        "b's key came back after the pool stopped"
+    );
+    assert!(
+        host.current().is_some_and(|s| !s.is_done()),
+        "the host's session lives on"
+    );
+    host.stop().await.unwrap();
+}
