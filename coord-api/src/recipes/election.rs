@@ -136,6 +136,8 @@ impl Election {
 
     /// Takes the leadership if nobody holds it, in one transaction; never waits and never
     /// queues. `Ok(None)` when someone else leads.
+    ///
+    /// Dropping the future withdraws the key it may have written, once the write settles.
     pub async fn try_campaign(&self, value: impl Into<Bytes>) -> Result<Option<Leadership>> {
         let value = value.into();
         let lease = self.session.lease();
@@ -144,6 +146,29 @@ impl Election {
         let prefix = format!("{}/", self.name);
         let key = candidate_key(&self.name, lease);
         let turn = self.session.campaign_turn(&self.name).await;
+        let unfinished = Unfinished {
+            election: self,
+            key: Some(LeaderKey {
+                name: self.name.clone(),
+                key: Bytes::from(key.clone()),
+                token: Revision::ZERO,
+                lease,
+            }),
+        };
+        let outcome = self.try_campaign_on(value, prefix, key, turn).await;
+        unfinished.finish();
+        outcome
+    }
+
+    /// [`try_campaign`](Self::try_campaign) once its turn is taken.
+    async fn try_campaign_on(
+        &self,
+        value: Bytes,
+        prefix: String,
+        key: String,
+        turn: campaign::Turn,
+    ) -> Result<Option<Leadership>> {
+        let lease = self.session.lease();
         if self.seats > 1 {
             return self.try_seat(value, prefix, key, turn).await;
         }
@@ -440,6 +465,29 @@ impl From<SessionEnd> for LossReason {
             SessionEnd::Expired => LossReason::DeadlinePassed,
             SessionEnd::LeaseLost => LossReason::LeaseLost,
             _ => LossReason::SessionClosed,
+        }
+    }
+}
+
+/// A `try_campaign` under way: dropped before it finishes, it withdraws the key it may
+/// have written (after the write settles: the withdrawal waits for the session's turn, which
+/// the write holds until then).
+struct Unfinished<'a> {
+    election: &'a Election,
+    key: Option<LeaderKey>,
+}
+
+impl Unfinished<'_> {
+    /// It finished: what became of the key is the outcome's business.
+    fn finish(mut self) {
+        self.key = None;
+    }
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.election.withdraw(key);
         }
     }
 }

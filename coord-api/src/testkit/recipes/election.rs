@@ -227,3 +227,40 @@ pub async fn a_deposed_leaders_write_is_fenced_out_and_ends_its_leadership(fx: &
     assert!(next.txn(put("by b")).await.unwrap().succeeded);
     next.resign().await.unwrap();
 }
+
+/// A `try_campaign` dropped while its key's write is on the way (a caller's timeout) leaves
+/// no key behind: written into an empty election, it would be a leader nobody believes in,
+/// under a session that lives on, and no one else could lead until that session ended.
+pub async fn try_campaign_dropped_mid_write_leaves_no_key(fx: &dyn Fixture) {
+    let store = fx.store();
+    let client = fx.client().await;
+    let b = session(fx, &client.store).await;
+    let key = crate::candidate_key("e", b.lease());
+    let delay = fx.ttl() / 10;
+    client.delay_requests(delay);
+    let election = Election::new(&b, "e");
+    let dropped = tokio::time::timeout(delay / 2, election.try_campaign("b")).await;
+    assert!(
+        dropped.is_err(),
+        "the try finished within half its write's delay"
+    );
+    client.delay_requests(Duration::ZERO);
+    // Past the write's delay it has landed; the withdrawal follows it.
+    tokio::time::sleep(delay).await;
+    eventually(prompt(fx), "b's key to be withdrawn", || async {
+        !present(&store, &key).await
+    })
+    .await;
+    tokio::time::sleep(delay * 2).await;
+    assert!(!present(&store, &key).await, "b's key came back");
+    let a = session(fx, &store).await;
+    let lead = within(
+        prompt(fx),
+        "another candidate to lead at once",
+        Election::new(&a, "e").campaign("a"),
+    )
+    .await
+    .unwrap();
+    assert!(!b.is_done(), "b's session lives on");
+    drop(lead);
+}

@@ -61,6 +61,7 @@ macro_rules! recipe_tests {
             election::a_crashed_leaders_successor_wins_within_one_ttl,
             election::no_phantom_leadership_when_the_candidates_lease_dies_while_waiting,
             election::try_campaign_never_blocks,
+            election::try_campaign_dropped_mid_write_leaves_no_key,
             election::leadership_is_lost_at_the_deadline_when_cut_off,
             election::leadership_is_lost_when_its_key_is_deleted_and_fencing_stops_its_writes,
             election::observe_and_leader_follow_the_election,
