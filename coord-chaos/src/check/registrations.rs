@@ -150,11 +150,21 @@ pub(super) fn l1_self_healing(run: &Run<'_>, out: &mut Vec<Violation>) {
     let heal = run.beliefs.heal;
     if heal + heal_bound(run) < run.end {
         for who in live_at_end(run) {
+            // A request whose message or reply the fault lost is given up only at its
+            // timeout, which may fall after the heal: a lost reply lingers (it can be any
+            // later write's), and a request sent while the node was cut off waits from then.
             let lingered = run.beliefs.faults.iter().any(|f| {
-                f.fault.kind == FaultKind::LostReplies
-                    && f.fault.node == who.node
+                f.fault.node == who.node
                     && f.from <= heal
-                    && f.from + s.ttl * 2 + s.request_timeout * 3 >= heal
+                    && match f.fault.kind {
+                        FaultKind::LostReplies => {
+                            f.from + s.ttl * 2 + s.request_timeout * 3 >= heal
+                        }
+                        FaultKind::Partition | FaultKind::OneWay => {
+                            f.until + s.request_timeout >= heal
+                        }
+                        _ => false,
+                    }
             });
             let bound = heal_bound(run)
                 + if lingered {
