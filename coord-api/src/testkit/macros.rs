@@ -87,6 +87,7 @@ macro_rules! __coord_cases {
             watch::watch_progress_notify_reports_revision,
             watch::watch_answers_progress_requests,
             watch::watch_progress_answer_loses_no_history,
+            watch::watch_progress_request_on_an_ended_watch_is_refused,
             watch::watch_concurrent_watchers_agree,
             watch::watch_from_compacted_revision_fails,
             watch::watch_from_compact_revision_works,

@@ -387,3 +387,41 @@ pub async fn watch_prev_kv_is_dropped_below_the_compaction_point(cx: Ctx) {
         .expect("its previous revision is kept");
     assert_eq!(prev.value, "2".as_bytes());
 }
+
+/// A progress request on a watch that has ended (here, cancelled by compaction) is refused
+/// with `StreamClosed`, not lost.
+pub async fn watch_progress_request_on_an_ended_watch_is_refused(cx: Ctx) {
+    let s = cx.store();
+    let first = s.put_value(cx.key("a"), "1").await.unwrap();
+    s.put_value(cx.key("a"), "2").await.unwrap();
+    let now = s.put_value(cx.key("a"), "3").await.unwrap();
+    s.compact(now).await.unwrap();
+    let mut w = match s
+        .watch(WatchRequest::key(cx.key("a")).with_start_revision(first))
+        .await
+    {
+        Ok(w) => w,
+        // Refused at once: nothing to ask.
+        Err(Error::Compacted { .. }) => return,
+        Err(e) => panic!("{e}"),
+    };
+    let ended = within(PROMPT, "the watch to end", async {
+        loop {
+            match w.next().await {
+                Some(Ok(_)) => continue,
+                Some(Err(e)) => break Some(e),
+                None => break None,
+            }
+        }
+    })
+    .await;
+    assert!(matches!(ended, Some(Error::Compacted { .. })), "{ended:?}");
+    within(PROMPT, "the stream to finish", async {
+        while w.next().await.is_some() {}
+    })
+    .await;
+    let refused = w
+        .request_progress()
+        .expect_err("a progress request on an ended watch");
+    assert!(matches!(refused, Error::StreamClosed { .. }), "{refused:?}");
+}
