@@ -203,14 +203,19 @@ impl Pool {
             .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
     }
 
-    /// Replaces endpoint `i`'s connection unless it answered anything since `since`: a
-    /// request abandoned on a connection that still answers others is slow, not dead.
-    pub(crate) fn reconnect_if_silent_since(&self, i: usize, since: Instant) {
+    /// Whether endpoint `i`'s connection has answered nothing since `since`.
+    fn silent_since(&self, i: usize, since: Instant) -> bool {
         let last = *self.endpoints[i]
             .answered
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if last.is_none_or(|at| at < since) {
+        last.is_none_or(|at| at < since)
+    }
+
+    /// Replaces endpoint `i`'s connection unless it answered anything since `since`: a
+    /// request abandoned on a connection that still answers others is slow, not dead.
+    pub(crate) fn reconnect_if_silent_since(&self, i: usize, since: Instant) {
+        if self.silent_since(i, since) {
             self.reconnect(i);
         }
     }
@@ -220,11 +225,7 @@ impl Pool {
     /// replaced and requests move to the next member (a stopped member answers nothing, yet
     /// its connection stays open).
     pub(crate) fn abandon_if_silent_since(&self, i: usize, since: Instant) {
-        let last = *self.endpoints[i]
-            .answered
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if last.is_none_or(|at| at < since) {
+        if self.silent_since(i, since) {
             self.reconnect(i);
             self.fail_over(i);
         }

@@ -37,6 +37,18 @@ pub(crate) struct StreamLink {
     pub(crate) latency: Duration,
 }
 
+impl StreamLink {
+    /// Carries one message back to the client: the delivery's latency, then the link's
+    /// faults (it stalls while they last). False when the connection broke meanwhile.
+    async fn carry_back(&self) -> bool {
+        let delay = self.latency + self.link.reply_latency();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        self.link.wait_flowing(self.generation).await.is_ok()
+    }
+}
+
 fn link_broken() -> coord_api::Error {
     coord_api::Error::StreamClosed {
         stream: "watch",
@@ -92,11 +104,7 @@ pub(crate) fn watch_stream(
                     // between the two is a race; this branch comes first, the worst case).
                     let revision = shared.lock().state.revision();
                     drop(shared);
-                    let delay = link.latency + link.link.reply_latency();
-                    if !delay.is_zero() {
-                        tokio::time::sleep(delay).await;
-                    }
-                    if link.link.wait_flowing(link.generation).await.is_err() {
+                    if !link.carry_back().await {
                         yield Err(link_broken());
                         break;
                     }
@@ -104,11 +112,7 @@ pub(crate) fn watch_stream(
                 }
                 item = rx.recv() => match item {
                     Some(item) => {
-                        let delay = link.latency + link.link.reply_latency();
-                        if !delay.is_zero() {
-                            tokio::time::sleep(delay).await;
-                        }
-                        if link.link.wait_flowing(link.generation).await.is_err() {
+                        if !link.carry_back().await {
                             yield Err(link_broken());
                             break;
                         }
