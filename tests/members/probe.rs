@@ -1,0 +1,415 @@
+//! What a client sees of etcd's members when one fails: one probe, run on a real three-member
+//! cluster (`members_etcd.rs`) and on the simulator's members under turmoil
+//! (`members_sim.rs`), and one set of assertions both must meet. The figures print as the rows
+//! of a table, real beside simulated.
+
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, GetOptions, PutOptions, WatchOptions};
+use futures::StreamExt;
+use tokio::time::Instant;
+
+/// A cluster whose members the probe can fail, on real etcd or on the simulator.
+#[async_trait::async_trait]
+pub trait Members: Send + Sync {
+    /// A client of member `i` alone, sending etcd's require-leader metadata or not.
+    async fn client(&self, i: usize, require_leader: bool) -> Result<Client, String>;
+    /// The raft leader's index.
+    async fn leader(&self) -> usize;
+    /// Kills member `i` (SIGKILL; a turmoil crash).
+    async fn kill(&self, i: usize);
+    /// Starts killed member `i` again on its data.
+    async fn restart(&self, i: usize);
+    /// Cuts member `i` off from its peers; clients still reach it.
+    async fn isolate(&self, i: usize);
+    /// Ends [`isolate`](Self::isolate).
+    async fn rejoin(&self);
+    /// Hands raft leadership to member `to`.
+    async fn move_leader(&self, to: usize);
+    /// The members' election timeout.
+    fn election_timeout(&self) -> Duration;
+}
+
+/// How long the probe waits for any one answer.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// One request's fate: how long until it was answered, and with what.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub after: Duration,
+    /// `ok`, the error's message, or `no answer` within [`PATIENCE`].
+    pub answer: String,
+}
+
+impl Outcome {
+    fn ok(&self) -> bool {
+        self.answer == "ok"
+    }
+
+    fn no_leader(&self) -> bool {
+        self.answer.contains("no leader")
+    }
+
+    fn refused(&self) -> bool {
+        let a = self.answer.to_lowercase();
+        a.contains("connect") || a.contains("refused") || a.contains("transport")
+    }
+
+    fn row(&self) -> String {
+        format!("{:>8.3}s {}", self.after.as_secs_f64(), self.answer)
+    }
+}
+
+async fn timed<T, E: std::fmt::Display>(
+    f: impl std::future::Future<Output = Result<T, E>>,
+) -> Outcome {
+    let start = Instant::now();
+    let answer = match tokio::time::timeout(PATIENCE, f).await {
+        Ok(Ok(_)) => "ok".to_owned(),
+        Ok(Err(e)) => message(&e.to_string()),
+        Err(_) => "no answer".to_owned(),
+    };
+    Outcome {
+        after: start.elapsed(),
+        answer,
+    }
+}
+
+/// The server's message out of a client error's text (etcd-client prints the gRPC status
+/// around it), with the status code when there is one.
+fn message(error: &str) -> String {
+    let code = error
+        .split("code: '")
+        .nth(1)
+        .and_then(|s| s.split('\'').next());
+    let text = error
+        .split("message: \"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .unwrap_or(error);
+    match code {
+        Some(code) => format!("{text} ({code})"),
+        None => text.to_owned(),
+    }
+}
+
+/// What the probe measured.
+#[derive(Debug, Clone)]
+pub struct Figures {
+    /// A new connection to a killed member.
+    pub crashed_connect: Outcome,
+    /// A restarted member, read right after it answers: whether it has the write made while
+    /// it was down.
+    pub restarted_read: Outcome,
+    /// On a member just cut off from its peers: a write with require-leader, sent at the cut.
+    pub isolated_write_at_cut: Outcome,
+    /// The same, three election timeouts after the cut (it knows it has no leader).
+    pub isolated_write_later: Outcome,
+    /// A write without require-leader, three election timeouts after the cut.
+    pub isolated_plain_write: Outcome,
+    /// A linearizable read without require-leader, three election timeouts after the cut.
+    pub isolated_plain_read: Outcome,
+    /// A watch with require-leader opened before the cut: when it ends.
+    pub isolated_watch_ends: Outcome,
+    /// Whether the rejoined member's return moved the raft term on (an election: etcd 3.4
+    /// runs without pre-vote, so the member's campaigns while cut off unseat the leader).
+    pub rejoin_moved_term: bool,
+    /// A write on a follower sent right after the raft leader is killed.
+    pub leader_killed_write: Outcome,
+    /// A read on a follower sent right after the raft leader is killed.
+    pub leader_killed_read: Outcome,
+    /// A lease's remaining TTL, granted at 10 s, read after its leader was killed (2 s after
+    /// the grant), as a fraction of the TTL plus the election timeout's extension.
+    pub lease_after_leader_kill: i64,
+    /// The same after a leader transfer (2 s after the grant).
+    pub lease_after_transfer: i64,
+}
+
+impl Figures {
+    /// The table's rows, one per behaviour.
+    pub fn rows(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("connect to a killed member", self.crashed_connect.row()),
+            (
+                "read on a restarted member (has the write made while down)",
+                self.restarted_read.row(),
+            ),
+            (
+                "isolated member: write, require-leader, at the cut",
+                self.isolated_write_at_cut.row(),
+            ),
+            (
+                "isolated member: write, require-leader, 3 election timeouts on",
+                self.isolated_write_later.row(),
+            ),
+            (
+                "isolated member: write, no require-leader",
+                self.isolated_plain_write.row(),
+            ),
+            (
+                "isolated member: linearizable read, no require-leader",
+                self.isolated_plain_read.row(),
+            ),
+            (
+                "isolated member: require-leader watch opened before the cut ends",
+                self.isolated_watch_ends.row(),
+            ),
+            (
+                "isolated member rejoins: the raft term moves on",
+                format!("{}", self.rejoin_moved_term),
+            ),
+            (
+                "leader killed: write on a follower",
+                self.leader_killed_write.row(),
+            ),
+            (
+                "leader killed: read on a follower",
+                self.leader_killed_read.row(),
+            ),
+            (
+                "leader killed: 10 s lease granted 2 s before, TTL left",
+                format!("{} s", self.lease_after_leader_kill),
+            ),
+            (
+                "leader transferred: 10 s lease granted 2 s before, TTL left",
+                format!("{} s", self.lease_after_transfer),
+            ),
+        ]
+    }
+
+    /// What etcd 3.4 does, as the simulator must too (measured on etcd 3.4.23; the bounds'
+    /// slack is stated with each).
+    pub fn assert_like_etcd(&self, request_timeout: Duration, election_timeout: Duration) {
+        let et = election_timeout;
+        let c = &self.crashed_connect;
+        assert!(
+            !c.ok() && c.refused() && c.after < Duration::from_secs(1),
+            "a killed member must refuse connections at once: {c:?}"
+        );
+        let r = &self.restarted_read;
+        assert!(
+            r.ok(),
+            "a restarted member must serve the writes it missed: {r:?}"
+        );
+        // A write at the cut: the member still believes in its leader, its proposal is lost
+        // on the cut link, and it is answered only by etcd's own request timeout (5 s plus
+        // two election timeouts), never with success.
+        let w = &self.isolated_write_at_cut;
+        assert!(
+            !w.ok() && w.after >= request_timeout,
+            "a write on a member cut off at the time must be held, not answered: {w:?}"
+        );
+        let w = &self.isolated_write_later;
+        assert!(
+            w.no_leader() && w.after < Duration::from_millis(500),
+            "a member that knows it has no leader must refuse require-leader requests at once: {w:?}"
+        );
+        for (what, o) in [
+            ("write", &self.isolated_plain_write),
+            ("read", &self.isolated_plain_read),
+        ] {
+            assert!(
+                !o.ok() && o.after >= request_timeout,
+                "an isolated member must hold a {what} without require-leader: {o:?}"
+            );
+        }
+        let w = &self.isolated_watch_ends;
+        assert!(
+            w.no_leader() && w.after >= et && w.after <= et * 8 + Duration::from_secs(1),
+            "a require-leader watch on an isolated member must end with `no leader` a few election timeouts after the cut: {w:?}"
+        );
+        let w = &self.leader_killed_write;
+        assert!(
+            !w.ok() && w.after >= request_timeout,
+            "a write forwarded to a killed leader must be held: {w:?}"
+        );
+        // The read waits on the dead leader's read index; the election ends the wait.
+        let r = &self.leader_killed_read;
+        assert!(
+            (r.ok() || r.answer.contains("leader changed"))
+                && r.after < et * 8 + Duration::from_secs(1),
+            "a read on a follower must be answered once a new leader is elected: {r:?}"
+        );
+        assert!(
+            self.rejoin_moved_term,
+            "an isolated member's return must move the raft term on"
+        );
+        for (what, ttl) in [
+            ("leader killed", self.lease_after_leader_kill),
+            ("leader transferred", self.lease_after_transfer),
+        ] {
+            // Refreshed to its TTL (plus the extension) by the new leader: at least 9 of its
+            // 10 s left, where 8 would be left without the refresh.
+            assert!(
+                ttl >= 9,
+                "{what}: a lease must be refreshed by the new leader, {ttl} s left"
+            );
+        }
+    }
+}
+
+async fn put(c: &mut Client, key: &str) -> Result<(), etcd_client::Error> {
+    c.put(key, "v", None::<PutOptions>).await.map(|_| ())
+}
+
+async fn get(c: &mut Client, key: &str) -> Result<(), etcd_client::Error> {
+    c.get(key, None::<GetOptions>).await.map(|_| ())
+}
+
+/// A client of `i`, or a panic that says which.
+async fn connected(m: &dyn Members, i: usize, require_leader: bool) -> Client {
+    m.client(i, require_leader)
+        .await
+        .unwrap_or_else(|e| panic!("member {i}: {e}"))
+}
+
+/// Connect options for the probe's clients.
+pub fn options(require_leader: bool) -> ConnectOptions {
+    ConnectOptions::new()
+        .with_require_leader(require_leader)
+        .with_connect_timeout(Duration::from_secs(1))
+}
+
+/// Runs the probe on a healthy three-member cluster. Each step heals what it did and waits
+/// for a leader before the next.
+pub async fn probe(m: &dyn Members) -> Figures {
+    let et = m.election_timeout();
+    let settle = || tokio::time::sleep(et * 4);
+
+    // A killed follower: connections refused; a write made meanwhile is there on restart.
+    let leader = m.leader().await;
+    let f = (leader + 1) % 3;
+    let g = (leader + 2) % 3;
+    m.kill(f).await;
+    let crashed_connect = timed(async {
+        let mut c = m.client(f, false).await?;
+        c.status().await.map(|_| ()).map_err(|e| e.to_string())
+    })
+    .await;
+    put(&mut connected(m, g, true).await, "probe/missed")
+        .await
+        .expect("a write on the majority");
+    m.restart(f).await;
+    let mut back = connected(m, f, true).await;
+    let restarted_read = timed(async {
+        let r = back
+            .get("probe/missed", None)
+            .await
+            .map_err(|e| e.to_string())?;
+        if r.kvs().is_empty() {
+            return Err("the write made while down is missing".to_owned());
+        }
+        Ok::<_, String>(())
+    })
+    .await;
+    settle().await;
+
+    // An isolated follower.
+    let leader = m.leader().await;
+    let f = (leader + 1) % 3;
+    let mut rl = connected(m, f, true).await;
+    let mut plain = connected(m, f, false).await;
+    let mut watching = connected(m, f, true).await;
+    let mut events = watching
+        .watch("probe/watched", None::<WatchOptions>)
+        .await
+        .expect("a watch");
+    m.isolate(f).await;
+    let cut = Instant::now();
+    let watch_ends = tokio::spawn(async move {
+        let end = tokio::time::timeout(PATIENCE, async {
+            loop {
+                match events.next().await {
+                    Some(Ok(_)) => continue,
+                    Some(Err(e)) => break message(&e.to_string()),
+                    None => break "ended".to_owned(),
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| "no answer".to_owned());
+        Outcome {
+            after: cut.elapsed(),
+            answer: end,
+        }
+    });
+    let mut rl_at_cut = rl.clone();
+    let at_cut = tokio::spawn(async move { timed(put(&mut rl_at_cut, "probe/at-cut")).await });
+    tokio::time::sleep(et * 3).await;
+    let isolated_write_later = timed(put(&mut rl, "probe/later")).await;
+    let mut plain_read = plain.clone();
+    let (isolated_plain_write, isolated_plain_read) = tokio::join!(
+        timed(put(&mut plain, "probe/plain")),
+        timed(get(&mut plain_read, "probe/plain")),
+    );
+    let isolated_write_at_cut = at_cut.await.expect("the probe's task");
+    let isolated_watch_ends = watch_ends.await.expect("the probe's task");
+    let before = term(&mut connected(m, leader, true).await).await;
+    m.rejoin().await;
+    settle().await;
+    let rejoin_moved_term = term(&mut connected(m, f, true).await).await > before;
+
+    // The raft leader killed, a follower asked at once; a lease refreshed by the next leader.
+    let leader = m.leader().await;
+    let f = (leader + 1) % 3;
+    let mut on_f = connected(m, f, true).await;
+    let lease = on_f.lease_grant(10, None).await.expect("a lease").id();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    m.kill(leader).await;
+    let mut read_f = on_f.clone();
+    let (leader_killed_write, (leader_killed_read, lease_after_leader_kill)) =
+        tokio::join!(timed(put(&mut on_f, "probe/forwarded")), async {
+            let read = timed(get(&mut read_f, "probe/forwarded")).await;
+            settle().await;
+            (read, remaining(&mut read_f, lease).await)
+        },);
+    m.restart(leader).await;
+    settle().await;
+
+    // A leader transfer.
+    let leader = m.leader().await;
+    let f = (leader + 1) % 3;
+    let mut on_f = connected(m, f, true).await;
+    let lease = on_f.lease_grant(10, None).await.expect("a lease").id();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    m.move_leader(f).await;
+    settle().await;
+    let lease_after_transfer = remaining(&mut on_f, lease).await;
+
+    Figures {
+        crashed_connect,
+        restarted_read,
+        isolated_write_at_cut,
+        isolated_write_later,
+        isolated_plain_write,
+        isolated_plain_read,
+        isolated_watch_ends,
+        rejoin_moved_term,
+        leader_killed_write,
+        leader_killed_read,
+        lease_after_leader_kill,
+        lease_after_transfer,
+    }
+}
+
+/// The raft term member `c` reports.
+async fn term(c: &mut Client) -> u64 {
+    c.status().await.expect("a member's status").raft_term()
+}
+
+/// A lease's remaining TTL, asked until a leader answers. Right after an election the new
+/// leader can report a lease as never expiring (measured: `i64::MAX` nanoseconds, before it
+/// promotes its leases), so such an answer is asked again.
+async fn remaining(c: &mut Client, lease: i64) -> i64 {
+    for _ in 0..100 {
+        if let Ok(Ok(t)) =
+            tokio::time::timeout(Duration::from_secs(1), c.lease_time_to_live(lease, None)).await
+        {
+            if t.ttl() < 3600 {
+                return t.ttl();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no member answered a lease's time to live");
+}
