@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 /// A cluster whose members the probe can fail, on real etcd or on the simulator.
 #[async_trait::async_trait]
-pub trait Members: Send + Sync {
+pub(crate) trait Members: Send + Sync {
     /// A client of member `i` alone, sending etcd's require-leader metadata or not.
     async fn client(&self, i: usize, require_leader: bool) -> Result<Client, String>;
     /// The raft leader's index.
@@ -31,14 +31,14 @@ pub trait Members: Send + Sync {
 }
 
 /// How long the probe waits for any one answer.
-pub const PATIENCE: Duration = Duration::from_secs(10);
+pub(crate) const PATIENCE: Duration = Duration::from_secs(10);
 
 /// One request's fate: how long until it was answered, and with what.
 #[derive(Debug, Clone)]
-pub struct Outcome {
-    pub after: Duration,
+pub(crate) struct Outcome {
+    pub(crate) after: Duration,
     /// `ok`, the error's message, or `no answer` within [`PATIENCE`].
-    pub answer: String,
+    pub(crate) answer: String,
 }
 
 impl Outcome {
@@ -95,39 +95,39 @@ fn message(error: &str) -> String {
 
 /// What the probe measured.
 #[derive(Debug, Clone)]
-pub struct Figures {
+pub(crate) struct Figures {
     /// A new connection to a killed member.
-    pub crashed_connect: Outcome,
+    pub(crate) crashed_connect: Outcome,
     /// A restarted member, read right after it answers: whether it has the write made while
     /// it was down.
-    pub restarted_read: Outcome,
+    pub(crate) restarted_read: Outcome,
     /// On a member just cut off from its peers: a write with require-leader, sent at the cut.
-    pub isolated_write_at_cut: Outcome,
+    pub(crate) isolated_write_at_cut: Outcome,
     /// The same, three election timeouts after the cut (it knows it has no leader).
-    pub isolated_write_later: Outcome,
+    pub(crate) isolated_write_later: Outcome,
     /// A write without require-leader, three election timeouts after the cut.
-    pub isolated_plain_write: Outcome,
+    pub(crate) isolated_plain_write: Outcome,
     /// A linearizable read without require-leader, three election timeouts after the cut.
-    pub isolated_plain_read: Outcome,
+    pub(crate) isolated_plain_read: Outcome,
     /// A watch with require-leader opened before the cut: when it ends.
-    pub isolated_watch_ends: Outcome,
+    pub(crate) isolated_watch_ends: Outcome,
     /// Whether the rejoined member's return moved the raft term on (an election: etcd 3.4
     /// runs without pre-vote, so the member's campaigns while cut off unseat the leader).
-    pub rejoin_moved_term: bool,
+    pub(crate) rejoin_moved_term: bool,
     /// A write on a follower sent right after the raft leader is killed.
-    pub leader_killed_write: Outcome,
+    pub(crate) leader_killed_write: Outcome,
     /// A read on a follower sent right after the raft leader is killed.
-    pub leader_killed_read: Outcome,
+    pub(crate) leader_killed_read: Outcome,
     /// A lease's remaining TTL, granted at 10 s, read after its leader was killed (2 s after
     /// the grant), as a fraction of the TTL plus the election timeout's extension.
-    pub lease_after_leader_kill: i64,
+    pub(crate) lease_after_leader_kill: i64,
     /// The same after a leader transfer (2 s after the grant).
-    pub lease_after_transfer: i64,
+    pub(crate) lease_after_transfer: i64,
 }
 
 impl Figures {
     /// The table's rows, one per behaviour.
-    pub fn rows(&self) -> Vec<(&'static str, String)> {
+    pub(crate) fn rows(&self) -> Vec<(&'static str, String)> {
         vec![
             ("connect to a killed member", self.crashed_connect.row()),
             (
@@ -179,7 +179,7 @@ impl Figures {
 
     /// What etcd 3.4 does, as the simulator must too (measured on etcd 3.4.23; the bounds'
     /// slack is stated with each).
-    pub fn assert_like_etcd(&self, request_timeout: Duration, election_timeout: Duration) {
+    pub(crate) fn assert_like_etcd(&self, request_timeout: Duration, election_timeout: Duration) {
         let et = election_timeout;
         let c = &self.crashed_connect;
         assert!(
@@ -264,7 +264,7 @@ async fn connected(m: &dyn Members, i: usize, require_leader: bool) -> Client {
 }
 
 /// Connect options for the probe's clients.
-pub fn options(require_leader: bool) -> ConnectOptions {
+pub(crate) fn options(require_leader: bool) -> ConnectOptions {
     ConnectOptions::new()
         .with_require_leader(require_leader)
         .with_connect_timeout(Duration::from_secs(1))
@@ -272,7 +272,7 @@ pub fn options(require_leader: bool) -> ConnectOptions {
 
 /// Runs the probe on a healthy three-member cluster. Each step heals what it did and waits
 /// for a leader before the next.
-pub async fn probe(m: &dyn Members) -> Figures {
+pub(crate) async fn probe(m: &dyn Members) -> Figures {
     let et = m.election_timeout();
     let settle = || tokio::time::sleep(et * 4);
 
