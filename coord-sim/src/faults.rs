@@ -33,6 +33,29 @@ impl SimStore {
         self.shared.deadlines_changed.notify_one();
     }
 
+    /// A new raft leader's lease refresh, alone: every lease lives its full TTL plus `extend`
+    /// from now (etcd's lessor promotion), and no stream closes. A member-level leader change
+    /// ([`SimCluster`](crate::grpc::SimCluster)) uses it; [`leader_change`](Self::leader_change)
+    /// is the store-wide fault, which also closes every stream.
+    pub fn promote(&self, extend: Duration) {
+        self.shared.apply(Origin::Store, |s, now| {
+            s.expire(now);
+            s.promote(now, extend);
+        });
+        self.shared.deadlines_changed.notify_one();
+    }
+
+    /// Makes the store count time as turmoil's simulated time since the start, on the clock
+    /// of the host calling it, so that several turmoil hosts can serve it (each host's
+    /// runtime counts `Instant`s from a base of its own). Call it on the host whose runtime
+    /// runs the store's clock (the one that created it), before another host serves it.
+    #[cfg(feature = "grpc")]
+    pub fn count_in_simulated_time(&self) {
+        let elapsed = turmoil::sim_elapsed().unwrap_or_default();
+        *self.shared.origin.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(Instant::now() - elapsed);
+    }
+
     /// Fault: the store crashes. Every stream ends; until [`restart`](Self::restart) every
     /// call fails with `Unavailable` (connection refused) and no lease expires, as a stopped
     /// etcd's leases do not. Its data is kept, as etcd's is on disk.

@@ -75,9 +75,25 @@ pub(crate) struct Shared {
     /// Crashed: nothing answers and no lease expires, until [`SimStore::restart`].
     pub(crate) down: AtomicBool,
     pub(crate) journal: Mutex<Option<JournalSink>>,
+    /// Set when the store is served from several turmoil hosts: the instant (on the clock
+    /// of the host that set it) at which the simulation started. See [`Shared::now`].
+    pub(crate) origin: Mutex<Option<Instant>>,
 }
 
 impl Shared {
+    /// The store's clock. Each turmoil host runs its own runtime, whose `Instant`s start from
+    /// a base of their own, so a store served from several hosts counts on one of them: the
+    /// origin's host's, as simulated time since the start (the same on every host).
+    pub(crate) fn now(&self) -> Instant {
+        #[cfg(feature = "grpc")]
+        if let Some(origin) = *self.origin.lock().unwrap_or_else(|p| p.into_inner()) {
+            if let Some(elapsed) = turmoil::sim_elapsed() {
+                return origin + elapsed;
+            }
+        }
+        Instant::now()
+    }
+
     pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock leaves the state as consistent as any single
         // operation leaves it; later callers may carry on.
@@ -90,7 +106,7 @@ impl Shared {
     /// lock so that deliveries (and the journal) keep commit order.
     pub(crate) fn apply<T>(&self, origin: Origin, op: impl FnOnce(&mut State, Instant) -> T) -> T {
         let mut inner = self.lock();
-        let now = Instant::now();
+        let now = self.now();
         inner.state.set_origin(origin);
         let out = op(&mut inner.state, now);
         inner.state.set_origin(Origin::Store);
@@ -184,6 +200,7 @@ impl SimStore {
             next_client: AtomicU64::new(1),
             down: AtomicBool::new(false),
             journal: Mutex::new(None),
+            origin: Mutex::new(None),
         });
         tokio::spawn(background(
             Arc::downgrade(&shared),
@@ -434,7 +451,7 @@ impl KvLeaseStore for SimStore {
             let (tx, rx) = mpsc::unbounded_channel();
             let id = {
                 let mut inner = c.shared.lock();
-                let id = inner.state.watch(Instant::now(), &req);
+                let id = inner.state.watch(c.shared.now(), &req);
                 inner.sinks.insert(id, tx);
                 Shared::deliver(&mut inner);
                 id

@@ -12,7 +12,7 @@ pub const ETCD_PORT: u16 = 2379;
 
 /// The store behind a simulated etcd host; empty until the host first runs.
 #[derive(Debug, Clone, Default)]
-pub struct DurableStore(Arc<Mutex<Option<SimStore>>>);
+pub struct DurableStore(pub(crate) Arc<Mutex<Option<SimStore>>>);
 
 impl DurableStore {
     /// The store, once the host has started. A handle for faults and checks from outside the

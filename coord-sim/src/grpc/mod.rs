@@ -4,11 +4,15 @@
 //!
 //! Elections need no service: coord runs them on the client, over KV, Lease and Watch.
 
+mod cluster;
 mod convert;
+mod gate;
 mod host;
+mod members;
 mod net;
 mod services;
 
+pub use cluster::{ClusterBuilder, SimCluster};
 pub use host::{add_etcd_host, DurableStore, ETCD_PORT};
 pub use net::{channel, incoming, SimTcp};
 pub use services::{Clients, EtcdService};

@@ -1,6 +1,7 @@
 //! gRPC over turmoil's simulated TCP: the server's incoming connections and the client's
 //! connector, as tonic and hyper want them.
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -9,11 +10,59 @@ use std::time::Duration;
 use futures::Stream;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::transport::{Channel, Endpoint};
 
-/// A turmoil TCP stream that tonic's server and hyper's client accept.
-#[derive(Debug)]
-pub struct SimTcp(turmoil::net::TcpStream);
+/// A turmoil TCP stream that tonic's server and hyper's client accept; a server's may be
+/// killed (the process behind it died: the connection drops at once, as the kernel closes a
+/// killed process's sockets).
+pub struct SimTcp {
+    io: Option<turmoil::net::TcpStream>,
+    killed: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
+    info: tonic::transport::server::TcpConnectInfo,
+}
+
+impl std::fmt::Debug for SimTcp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimTcp")
+            .field("remote", &self.info.remote_addr)
+            .field("open", &self.io.is_some())
+            .finish()
+    }
+}
+
+impl SimTcp {
+    fn new(io: turmoil::net::TcpStream, kill: Option<&CancellationToken>) -> Self {
+        let info = tonic::transport::server::TcpConnectInfo {
+            local_addr: io.local_addr().ok(),
+            remote_addr: io.peer_addr().ok(),
+        };
+        SimTcp {
+            io: Some(io),
+            killed: kill.map(|k| Box::pin(k.clone().cancelled_owned())),
+            info,
+        }
+    }
+
+    /// The stream, unless it was killed (then it is dropped now, and the peer told).
+    fn live(&mut self, cx: &mut Context<'_>) -> io::Result<Pin<&mut turmoil::net::TcpStream>> {
+        if self
+            .killed
+            .as_mut()
+            .is_some_and(|k| k.as_mut().poll(cx).is_ready())
+        {
+            self.io = None;
+            self.killed = None;
+        }
+        match self.io.as_mut() {
+            Some(io) => Ok(Pin::new(io)),
+            None => Err(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "the server's process was killed",
+            )),
+        }
+    }
+}
 
 impl AsyncRead for SimTcp {
     fn poll_read(
@@ -21,7 +70,10 @@ impl AsyncRead for SimTcp {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
+        match self.live(cx) {
+            Ok(io) => io.poll_read(cx, buf),
+            Err(e) => Poll::Ready(Err(e)),
+        }
     }
 }
 
@@ -31,15 +83,24 @@ impl AsyncWrite for SimTcp {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        match self.live(cx) {
+            Ok(io) => io.poll_write(cx, buf),
+            Err(e) => Poll::Ready(Err(e)),
+        }
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
+        match self.live(cx) {
+            Ok(io) => io.poll_flush(cx),
+            Err(e) => Poll::Ready(Err(e)),
+        }
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
+        match self.live(cx) {
+            Ok(io) => io.poll_shutdown(cx),
+            Err(e) => Poll::Ready(Err(e)),
+        }
     }
 }
 
@@ -47,10 +108,7 @@ impl tonic::transport::server::Connected for SimTcp {
     type ConnectInfo = tonic::transport::server::TcpConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        tonic::transport::server::TcpConnectInfo {
-            local_addr: self.0.local_addr().ok(),
-            remote_addr: self.0.peer_addr().ok(),
-        }
+        self.info.clone()
     }
 }
 
@@ -62,10 +120,19 @@ impl hyper_util::client::legacy::connect::Connection for SimTcp {
 
 /// Accepts connections on `port` of the current turmoil host, forever.
 pub fn incoming(port: u16) -> impl Stream<Item = io::Result<SimTcp>> {
+    incoming_until(port, None)
+}
+
+/// As [`incoming`], each connection dropped when `kill` is cancelled (the stream's owner
+/// drops the listener then).
+pub(crate) fn incoming_until(
+    port: u16,
+    kill: Option<CancellationToken>,
+) -> impl Stream<Item = io::Result<SimTcp>> {
     async_stream::stream! {
         let listener = turmoil::net::TcpListener::bind(("0.0.0.0", port)).await?;
         loop {
-            yield listener.accept().await.map(|(s, _)| SimTcp(s));
+            yield listener.accept().await.map(|(s, _)| SimTcp::new(s, kill.as_ref()));
         }
     }
 }
@@ -83,7 +150,17 @@ pub fn channel(host: &str, port: u16) -> Channel {
     endpoint.connect_with_connector_lazy(tower::service_fn(|uri: http::Uri| async move {
         let host = uri.host().unwrap_or("localhost").to_owned();
         let port = uri.port_u16().unwrap_or(2379);
-        let stream = turmoil::net::TcpStream::connect((host.as_str(), port)).await?;
-        Ok::<_, io::Error>(TokioIo::new(SimTcp(stream)))
+        // In hyper's words for a refused connection, which clients (EtcdStore among them)
+        // read as "never sent".
+        let stream = turmoil::net::TcpStream::connect((host.as_str(), port))
+            .await
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::ConnectionRefused => io::Error::new(
+                    e.kind(),
+                    format!("tcp connect error: Connection refused ({e})"),
+                ),
+                _ => e,
+            })?;
+        Ok::<_, io::Error>(TokioIo::new(SimTcp::new(stream, None)))
     }))
 }

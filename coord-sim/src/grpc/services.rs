@@ -14,6 +14,8 @@ use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::convert::{self, header, status};
+use super::gate::{requires_leader, Gate};
+use super::members::{Call, Members};
 use crate::SimStore;
 
 type Reply<T> = Result<Response<T>, Status>;
@@ -29,6 +31,8 @@ pub type Clients = Arc<Mutex<BTreeMap<IpAddr, SimStore>>>;
 pub struct EtcdService {
     store: SimStore,
     clients: Clients,
+    /// Set when this is one member of a simulated cluster.
+    gate: Option<Gate>,
 }
 
 impl EtcdService {
@@ -37,13 +41,34 @@ impl EtcdService {
         EtcdService {
             store,
             clients: Clients::default(),
+            gate: None,
         }
     }
 
     /// Serves `store`, a peer listed in `clients` through its own store client (others
     /// through `store`'s).
     pub fn with_clients(store: SimStore, clients: Clients) -> Self {
-        EtcdService { store, clients }
+        EtcdService {
+            store,
+            clients,
+            gate: None,
+        }
+    }
+
+    /// This service as member `index` of a cluster: it answers as that member does while
+    /// members fail (see [`SimCluster`](super::SimCluster)).
+    pub(crate) fn member_of(mut self, members: Members, index: usize) -> Self {
+        self.gate = Some(Gate { members, index });
+        self
+    }
+
+    /// Passes a request through the member's gate (served, refused or held as etcd's
+    /// member would); a lone store serves everything.
+    async fn admit(&self, require_leader: bool, call: Call) -> Result<(), Status> {
+        match &self.gate {
+            Some(g) => g.admit(call, require_leader).await,
+            None => Ok(()),
+        }
     }
 
     /// The store client for a request's peer.
@@ -104,6 +129,37 @@ impl EtcdService {
     }
 }
 
+impl EtcdService {
+    /// A stream's replies, ended with `no leader` when the member's leader monitor ends a
+    /// require-leader stream (a lone store never does).
+    fn ending<T: Send + 'static>(
+        &self,
+        replies: impl Stream<Item = Result<T, Status>> + Send + 'static,
+        require_leader: bool,
+    ) -> BoxStream<T> {
+        let Some(gate) = self.gate.clone() else {
+            return Box::pin(replies);
+        };
+        Box::pin(async_stream::stream! {
+            let mut replies = std::pin::pin!(replies);
+            let ends = gate.stream_ends(require_leader);
+            let mut ends = std::pin::pin!(ends);
+            loop {
+                tokio::select! {
+                    item = replies.next() => match item {
+                        Some(item) => yield item,
+                        None => break,
+                    },
+                    status = &mut ends => {
+                        yield Err(status);
+                        break;
+                    }
+                }
+            }
+        })
+    }
+}
+
 fn unimplemented<T>(what: &str) -> Reply<T> {
     Err(Status::unimplemented(format!(
         "coord-sim does not serve {what}"
@@ -114,6 +170,7 @@ fn unimplemented<T>(what: &str) -> Reply<T> {
 impl PbKvService for EtcdService {
     async fn range(&self, request: Request<PbRangeRequest>) -> Reply<PbRangeResponse> {
         let store = self.client(&request);
+        self.admit(requires_leader(&request), Call::Read).await?;
         let req = convert::get(request.into_inner())?;
         let r = store.get(req).await.map_err(status)?;
         Ok(Response::new(convert::get_response(r)))
@@ -130,6 +187,7 @@ impl PbKvService for EtcdService {
 
     async fn put(&self, request: Request<PbPutRequest>) -> Reply<PbPutResponse> {
         let store = self.client(&request);
+        self.admit(requires_leader(&request), Call::Write).await?;
         let req = convert::put(request.into_inner())?;
         let r = store.put(req).await.map_err(status)?;
         Ok(Response::new(convert::put_response(r)))
@@ -137,6 +195,7 @@ impl PbKvService for EtcdService {
 
     async fn delete_range(&self, request: Request<PbDeleteRequest>) -> Reply<PbDeleteResponse> {
         let store = self.client(&request);
+        self.admit(requires_leader(&request), Call::Write).await?;
         let req = convert::delete(request.into_inner())?;
         let r = store.delete(req).await.map_err(status)?;
         Ok(Response::new(convert::delete_response(r)))
@@ -144,6 +203,7 @@ impl PbKvService for EtcdService {
 
     async fn txn(&self, request: Request<PbTxnRequest>) -> Reply<PbTxnResponse> {
         let store = self.client(&request);
+        self.admit(requires_leader(&request), Call::Write).await?;
         let req = convert::txn(request.into_inner())?;
         let r = store.txn(req).await.map_err(status)?;
         Ok(Response::new(convert::txn_response(r)))
@@ -151,6 +211,7 @@ impl PbKvService for EtcdService {
 
     async fn compact(&self, request: Request<PbCompactionRequest>) -> Reply<PbCompactionResponse> {
         let store = self.client(&request);
+        self.admit(requires_leader(&request), Call::Write).await?;
         let rev = request.into_inner().revision;
         store.compact(Revision(rev)).await.map_err(status)?;
         Ok(Response::new(PbCompactionResponse {
@@ -170,6 +231,7 @@ impl PbLeaseService for EtcdService {
         request: Request<PbLeaseGrantRequest>,
     ) -> Reply<PbLeaseGrantResponse> {
         let store = self.client(&request);
+        self.admit(requires_leader(&request), Call::Write).await?;
         let r = request.into_inner();
         if r.id != 0 {
             return unimplemented("leases with a chosen id");
@@ -189,6 +251,7 @@ impl PbLeaseService for EtcdService {
         request: Request<PbLeaseRevokeRequest>,
     ) -> Reply<PbLeaseRevokeResponse> {
         let store = self.client(&request);
+        self.admit(requires_leader(&request), Call::Write).await?;
         let rev = store
             .revoke(LeaseId(request.into_inner().id))
             .await
@@ -205,11 +268,20 @@ impl PbLeaseService for EtcdService {
         request: Request<Streaming<PbLeaseKeepAliveRequest>>,
     ) -> Reply<Self::LeaseKeepAliveStream> {
         let store = self.client(&request);
+        self.admit(requires_leader(&request), Call::Local).await?;
+        let require_leader = requires_leader(&request);
+        let gate = self.gate.clone();
         let mut requests = request.into_inner();
         let replies = async_stream::stream! {
             while let Some(req) = requests.next().await {
                 let Ok(req) = req else { break };
                 let id = LeaseId(req.id);
+                if let Some(g) = &gate {
+                    if let Err(s) = g.admit(Call::Renew, require_leader).await {
+                        yield Err(s);
+                        break;
+                    }
+                }
                 let renewed = match store.keep_alive(id).await {
                     Ok(mut ch) => ch.renew().await,
                     Err(e) => Err(e),
@@ -230,7 +302,7 @@ impl PbLeaseService for EtcdService {
                 });
             }
         };
-        Ok(Response::new(Box::pin(replies)))
+        Ok(Response::new(self.ending(replies, require_leader)))
     }
 
     async fn lease_time_to_live(
@@ -238,6 +310,7 @@ impl PbLeaseService for EtcdService {
         request: Request<PbLeaseTimeToLiveRequest>,
     ) -> Reply<PbLeaseTimeToLiveResponse> {
         let store = self.client(&request);
+        self.admit(requires_leader(&request), Call::Read).await?;
         let r = request.into_inner();
         let id = LeaseId(r.id);
         let (ttl, granted, keys) = match store.time_to_live(id).await {
@@ -277,9 +350,11 @@ impl PbWatchService for EtcdService {
 
     async fn watch(&self, request: Request<Streaming<PbWatchRequest>>) -> Reply<Self::WatchStream> {
         let store = self.client(&request);
+        self.admit(requires_leader(&request), Call::Local).await?;
+        let require_leader = requires_leader(&request);
         let requests = request.into_inner();
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(serve_watches(store, requests, tx));
+        tokio::spawn(serve_watches(store, requests, tx, self.gate.clone()));
         let replies = async_stream::stream! {
             let mut rx = rx;
             while let Some(item) = rx.recv().await {
@@ -288,14 +363,19 @@ impl PbWatchService for EtcdService {
                 if end { break; }
             }
         };
-        Ok(Response::new(Box::pin(replies)))
+        Ok(Response::new(self.ending(replies, require_leader)))
     }
 }
 
 type Out = mpsc::UnboundedSender<Result<PbWatchResponse, Status>>;
 
 /// One watch stream: creates and cancels watches as asked, forwarding each watch's batches.
-async fn serve_watches(store: SimStore, mut requests: Streaming<PbWatchRequest>, out: Out) {
+async fn serve_watches(
+    store: SimStore,
+    mut requests: Streaming<PbWatchRequest>,
+    out: Out,
+    gate: Option<Gate>,
+) {
     let mut watches: BTreeMap<i64, tokio::task::JoinHandle<()>> = BTreeMap::new();
     let mut next_id = 0;
     while let Some(Ok(req)) = requests.next().await {
@@ -333,7 +413,10 @@ async fn serve_watches(store: SimStore, mut requests: Streaming<PbWatchRequest>,
                     created: true,
                     ..Default::default()
                 }));
-                watches.insert(id, tokio::spawn(forward(id, stream, out.clone())));
+                watches.insert(
+                    id,
+                    tokio::spawn(forward(id, stream, out.clone(), gate.clone())),
+                );
             }
             Some(PbWatchRequestUnion::CancelRequest(c)) => {
                 if let Some(task) = watches.remove(&c.watch_id) {
@@ -347,6 +430,9 @@ async fn serve_watches(store: SimStore, mut requests: Streaming<PbWatchRequest>,
                 }));
             }
             Some(PbWatchRequestUnion::ProgressRequest(_)) => {
+                if let Some(g) = &gate {
+                    g.while_cut_off().await;
+                }
                 let _ = out.send(Ok(PbWatchResponse {
                     header: header(store.revision()),
                     watch_id: -1,
@@ -363,8 +449,11 @@ async fn serve_watches(store: SimStore, mut requests: Streaming<PbWatchRequest>,
 
 /// Forwards one watch's batches; a compaction cancels it as etcd does, any other end of the
 /// store's stream ends the whole gRPC stream (the connection broke).
-async fn forward(id: i64, mut stream: coord_api::WatchStream, out: Out) {
+async fn forward(id: i64, mut stream: coord_api::WatchStream, out: Out, gate: Option<Gate>) {
     while let Some(item) = stream.next().await {
+        if let Some(g) = &gate {
+            g.while_cut_off().await;
+        }
         let reply = match item {
             Ok(batch) => Ok(PbWatchResponse {
                 header: header(batch.revision),
@@ -400,13 +489,15 @@ impl PbMaintenanceService for EtcdService {
         unimplemented("Alarm")
     }
 
-    async fn status(&self, _request: Request<PbStatusRequest>) -> Reply<PbStatusResponse> {
+    async fn status(&self, request: Request<PbStatusRequest>) -> Reply<PbStatusResponse> {
+        self.admit(requires_leader(&request), Call::Local).await?;
+        let (leader, raft_term) = self.gate.as_ref().map_or((1, 1), Gate::status);
         Ok(Response::new(PbStatusResponse {
             header: header(self.store.revision()),
             version: "3.4.23 (coord-sim)".to_owned(),
-            leader: 1,
+            leader,
             raft_index: self.store.revision().get() as u64,
-            raft_term: 1,
+            raft_term,
             raft_applied_index: self.store.revision().get() as u64,
             ..Default::default()
         }))

@@ -1,0 +1,102 @@
+//! A member's gate: every request a member of a simulated cluster serves passes it first,
+//! and is served, refused or held as [`Members::verdict`] says; its streams' deliveries wait
+//! while it is cut off, and its require-leader streams end as etcd's leader monitor ends them.
+
+use std::time::Duration;
+
+use tonic::{Request, Status};
+
+use super::members::{Call, Members, Verdict};
+
+/// Simulated time since the start of the run, on the current turmoil host.
+fn now() -> Duration {
+    turmoil::sim_elapsed().unwrap_or_default()
+}
+
+async fn sleep_until(at: Duration) {
+    tokio::time::sleep(at.saturating_sub(now())).await;
+}
+
+/// Whether a request carries etcd's require-leader metadata.
+pub(crate) fn requires_leader<T>(request: &Request<T>) -> bool {
+    request
+        .metadata()
+        .get("hasleader")
+        .is_some_and(|v| v == "true")
+}
+
+/// Member `index` of a cluster.
+#[derive(Debug, Clone)]
+pub(crate) struct Gate {
+    pub(crate) members: Members,
+    pub(crate) index: usize,
+}
+
+impl Gate {
+    /// Waits until the member serves a `call`, or refuses it as etcd would.
+    pub(crate) async fn admit(&self, call: Call, require_leader: bool) -> Result<(), Status> {
+        let arrived = now();
+        let mut changes = self.members.subscribe();
+        loop {
+            match self
+                .members
+                .verdict(self.index, now(), arrived, call, require_leader)
+            {
+                Verdict::Go => return Ok(()),
+                Verdict::Refuse(r) => return Err(r.status()),
+                Verdict::FailAt(at, r) => {
+                    sleep_until(at).await;
+                    return Err(r.status());
+                }
+                Verdict::WaitUntil(at) => {
+                    tokio::select! {
+                        _ = sleep_until(at) => {}
+                        _ = changes.changed() => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits while the member is cut off: its own state stops there, so nothing new reaches
+    /// its watchers until it rejoins.
+    pub(crate) async fn while_cut_off(&self) {
+        let mut changes = self.members.subscribe();
+        while self.members.is_cut_off(self.index) {
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Resolves with `no leader` when a require-leader stream on the member must end; never
+    /// for one without require-leader.
+    pub(crate) async fn stream_ends(&self, require_leader: bool) -> Status {
+        if !require_leader {
+            return std::future::pending().await;
+        }
+        let mut changes = self.members.subscribe();
+        loop {
+            match self.members.stream_end(self.index) {
+                Some(at) if now() >= at => return self.members.no_leader(),
+                Some(at) => {
+                    tokio::select! {
+                        _ = sleep_until(at) => {}
+                        _ = changes.changed() => {}
+                    }
+                }
+                None => {
+                    if changes.changed().await.is_err() {
+                        return std::future::pending().await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The leader's member id as this member reports it (0: none known), and the term.
+    pub(crate) fn status(&self) -> (u64, u64) {
+        let (leader, term) = self.members.status(self.index, now());
+        (leader.map_or(0, |l| l as u64 + 1), term)
+    }
+}
