@@ -67,11 +67,16 @@ pub enum Bug {
     /// answer overtook (etcd 3.4 sends it ahead of queued events) are dropped as already
     /// seen. Caught by S4/S5.
     WatcherTrustsProgressAnswers,
+    /// `EtcdStore` retries a member that answers `no leader` instead of moving to the next:
+    /// a client whose member is cut off from its peers stays on it, its sessions cannot
+    /// renew, and their leases expire while a majority serves. Caught by L2 (a member cut off
+    /// is ridden through), over turmoil with members.
+    FailoverStaysOnNoLeader,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 17] = [
+    pub const ALL: [Bug; 18] = [
         Bug::CampaignSkipsOwnKeyCheck,
         Bug::WatcherResumesFromNow,
         Bug::WatcherIgnoresCompaction,
@@ -89,6 +94,7 @@ impl Bug {
         Bug::TryLockIgnoresTheQueue,
         Bug::SemaphoreOneTooMany,
         Bug::WatcherTrustsProgressAnswers,
+        Bug::FailoverStaysOnNoLeader,
     ];
 
     /// A stable name for command lines and reports.
@@ -111,6 +117,7 @@ impl Bug {
             Bug::TryLockIgnoresTheQueue => "try-lock-ignores-the-queue",
             Bug::SemaphoreOneTooMany => "semaphore-one-too-many",
             Bug::WatcherTrustsProgressAnswers => "watcher-trusts-progress-answers",
+            Bug::FailoverStaysOnNoLeader => "failover-stays-on-no-leader",
         }
     }
 
