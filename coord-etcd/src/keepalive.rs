@@ -41,12 +41,13 @@ impl EtcdKeepAlive {
     }
 
     fn closed(&mut self, source: impl Into<coord_api::BoxError>) -> Error {
+        let source = source.into();
         if let Some((endpoint, ..)) = self.stream.take() {
-            self.pool.fail_over(endpoint);
+            self.pool.fail_over_after(endpoint, source.as_ref());
         }
         Error::StreamClosed {
             stream: "keep-alive",
-            source: Some(source.into()),
+            source: Some(source),
         }
     }
 
@@ -90,7 +91,7 @@ impl EtcdKeepAlive {
                     Err(with_lease(e, Some(self.lease)))
                 }
                 other => {
-                    self.pool.fail_over(endpoint);
+                    self.pool.fail_over_after(endpoint, &other);
                     Err(Error::StreamClosed {
                         stream: "keep-alive",
                         source: Some(Box::new(other)),

@@ -34,7 +34,7 @@ mod watch;
 pub mod testing;
 
 pub use config::{EtcdConfig, TlsConfig};
-pub use store::EtcdStore;
+pub use store::{EtcdStore, MemberChannel};
 
 /// The crate's README, whose examples are compiled as doctests.
 #[cfg(doctest)]

@@ -30,7 +30,7 @@ struct Endpoint {
     /// a connection that answered lately is slow, not dead, and is kept.
     answered: Mutex<Option<Instant>>,
     /// Makes the channel to connect over, when the caller supplies channels
-    /// ([`EtcdStore::from_channel_factory`](crate::EtcdStore::from_channel_factory)) rather than endpoints.
+    /// ([`EtcdStore::from_member_channels`](crate::EtcdStore::from_member_channels)) rather than endpoints.
     channel: Option<ChannelFactory>,
 }
 
@@ -52,9 +52,11 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    pub(crate) fn new(config: EtcdConfig, channel: Option<ChannelFactory>) -> Self {
-        let endpoints = match channel {
-            None => config
+    /// Connects to `config`'s endpoints, or, when `channels` are given, over them: one
+    /// factory per member, in order.
+    pub(crate) fn new(config: EtcdConfig, channels: Vec<ChannelFactory>) -> Self {
+        let endpoints = if channels.is_empty() {
+            config
                 .endpoints
                 .iter()
                 .map(|url| Endpoint {
@@ -63,13 +65,18 @@ impl Pool {
                     answered: Mutex::new(None),
                     channel: None,
                 })
-                .collect(),
-            Some(make) => vec![Endpoint {
-                url: "channel".to_owned(),
-                client: Mutex::new(None),
-                answered: Mutex::new(None),
-                channel: Some(make),
-            }],
+                .collect()
+        } else {
+            channels
+                .into_iter()
+                .enumerate()
+                .map(|(i, make)| Endpoint {
+                    url: format!("channel {i}"),
+                    client: Mutex::new(None),
+                    answered: Mutex::new(None),
+                    channel: Some(make),
+                })
+                .collect()
         };
         Pool {
             endpoints,
@@ -255,6 +262,16 @@ impl Pool {
         }
     }
 
+    /// Moves requests off endpoint `from` after it failed with `err`: a member that answers
+    /// `no leader` is cut off from its peers, and the next may be with the majority.
+    pub(crate) fn fail_over_after(&self, from: usize, err: &(dyn std::error::Error + 'static)) {
+        use coord_api::planted::{enabled, Bug};
+        if enabled(Bug::FailoverStaysOnNoLeader) && error_chain(err).contains("no leader") {
+            return;
+        }
+        self.fail_over(from);
+    }
+
     pub(crate) fn request_timeout(&self) -> Duration {
         self.config.request_timeout
     }
@@ -326,7 +343,7 @@ impl Pool {
             if !err.is_retryable() {
                 return Err(err);
             }
-            self.fail_over(idx);
+            self.fail_over_after(idx, &err);
             attempt += 1;
             // The first pass over the other members goes at once; after that, back off.
             if attempt >= n {

@@ -15,8 +15,12 @@ use crate::config::EtcdConfig;
 use crate::convert;
 use crate::error::{with_lease, Kind, BACKEND};
 use crate::keepalive::EtcdKeepAlive;
-use crate::pool::Pool;
+use crate::pool::{ChannelFactory, Pool};
 use crate::watch;
+
+/// Makes a new channel (a new connection) to one member; see
+/// [`EtcdStore::from_member_channels`].
+pub type MemberChannel = Box<dyn Fn() -> tonic::transport::Channel + Send + Sync>;
 
 /// The production [`KvLeaseStore`]: etcd v3 through the `etcd-client` crate.
 ///
@@ -66,7 +70,7 @@ impl EtcdStore {
     /// [`Error::Unavailable`] when no endpoint answers (it names them).
     pub async fn connect(config: EtcdConfig) -> Result<Self> {
         config.validate()?;
-        let store = Self::on(Pool::new(config, None));
+        let store = Self::on(Pool::new(config, Vec::new()));
         store.pool.probe().await?;
         Ok(store)
     }
@@ -83,7 +87,7 @@ impl EtcdStore {
     /// [`Error::InvalidArgument`] for a bad configuration (the only check made here).
     pub fn connect_lazy(config: EtcdConfig) -> Result<Self> {
         config.validate()?;
-        Ok(Self::on(Pool::new(config, None)))
+        Ok(Self::on(Pool::new(config, Vec::new())))
     }
 
     /// Connects over an existing tonic channel (for example one that runs over a simulated
@@ -105,7 +109,31 @@ impl EtcdStore {
         make: impl Fn() -> tonic::transport::Channel + Send + Sync + 'static,
         config: EtcdConfig,
     ) -> Result<Self> {
-        let store = Self::on(Pool::new(config, Some(Arc::new(make))));
+        Self::from_member_channels(vec![Box::new(make)], config).await
+    }
+
+    /// Connects to a cluster over channels to its members, one factory per member (as
+    /// [`from_channel_factory`](Self::from_channel_factory) for each): requests go to the
+    /// first until it fails, then move on, as with a list of endpoints. For example, the
+    /// members of a simulated cluster.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] without a factory; otherwise as
+    /// [`from_channel`](Self::from_channel).
+    pub async fn from_member_channels(
+        members: Vec<MemberChannel>,
+        config: EtcdConfig,
+    ) -> Result<Self> {
+        if members.is_empty() {
+            return Err(Error::InvalidArgument {
+                reason: "from_member_channels needs a channel factory per member, got none".into(),
+            });
+        }
+        let channels = members
+            .into_iter()
+            .map(|make| -> ChannelFactory { Arc::from(make) })
+            .collect();
+        let store = Self::on(Pool::new(config, channels));
         store.pool.client_at(0).await?;
         Ok(store)
     }
