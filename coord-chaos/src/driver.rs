@@ -47,6 +47,16 @@ pub(crate) trait World {
     fn rolling_restart(&mut self, node: usize);
     /// Asks the node to stop one of its parts for a while.
     fn stop_part(&mut self, node: usize, request: PartStopRequest);
+    /// How many etcd members serve the store (1: one store, no member faults).
+    fn members(&self) -> usize;
+    /// Kills member `member`, or starts it again.
+    fn member_down(&mut self, member: usize, down: bool);
+    /// Cuts `Some(member)` off from the others, or lets it rejoin (`None`).
+    fn member_isolated(&mut self, member: Option<usize>);
+    /// The raft leader, if one is elected.
+    fn leader(&mut self) -> Option<usize>;
+    /// Hands raft leadership to member `to`.
+    fn transfer_leader(&mut self, to: usize);
 }
 
 /// A fault starting or ending, at a time.
@@ -97,6 +107,9 @@ enum Nest {
 #[derive(Debug, Default)]
 pub(crate) struct Driver {
     counts: BTreeMap<(Nest, usize), u32>,
+    /// The member fault in force and the member it hit: one at a time, so that a majority
+    /// always serves (a fault drawn while another is in force does nothing).
+    member_fault: Option<(Fault, usize)>,
 }
 
 impl Driver {
@@ -185,6 +198,32 @@ impl Driver {
                     length: f.length,
                 },
             ),
+            FaultKind::MemberCrash | FaultKind::MemberIsolation | FaultKind::LeaderCrash => {
+                if self.member_fault.is_some() || w.members() < 2 {
+                    return;
+                }
+                // Member crashes and isolations hit a follower (the next member when the
+                // drawn one leads); a leader's loss is the leader crash's.
+                let Some(leader) = w.leader() else {
+                    return;
+                };
+                let member = match f.kind {
+                    FaultKind::LeaderCrash => leader,
+                    _ if n % w.members() == leader => (leader + 1) % w.members(),
+                    _ => n % w.members(),
+                };
+                if f.kind == FaultKind::MemberIsolation {
+                    w.member_isolated(Some(member));
+                } else {
+                    w.member_down(member, true);
+                }
+                self.member_fault = Some((f.clone(), member));
+            }
+            FaultKind::LeaderTransfer => {
+                if self.member_fault.is_none() && w.members() >= 2 {
+                    w.transfer_leader(n % w.members());
+                }
+            }
         }
     }
 
@@ -230,8 +269,21 @@ impl Driver {
                     w.recover(n);
                 }
             }
+            FaultKind::MemberCrash | FaultKind::MemberIsolation | FaultKind::LeaderCrash => {
+                let Some((g, member)) = self.member_fault.take() else {
+                    return;
+                };
+                if g != *f {
+                    self.member_fault = Some((g, member));
+                } else if f.kind == FaultKind::MemberIsolation {
+                    w.member_isolated(None);
+                } else {
+                    w.member_down(member, false);
+                }
+            }
             // Instant faults have no end; a part stopped starts again by itself.
-            FaultKind::LostReplies
+            FaultKind::LeaderTransfer
+            | FaultKind::LostReplies
             | FaultKind::CloseStreams
             | FaultKind::LeaderChange
             | FaultKind::Revoke

@@ -44,11 +44,30 @@ pub enum FaultKind {
     /// A node stops one of its parts (its registration, its election pool, or a leadership
     /// it holds) at a random moment, healing or not, and starts it again later.
     Stop,
+    /// A follower (an etcd member that does not lead) is killed and restarted later on its
+    /// data (its clients move to the others). Needs members (over turmoil).
+    MemberCrash,
+    /// A follower is cut off from the others while its clients still reach it. Needs
+    /// members.
+    MemberIsolation,
+    /// The raft leader is killed, with whatever was forwarded to it, and restarted later.
+    /// Needs members.
+    LeaderCrash,
+    /// Raft leadership handed to another member (`etcdctl move-leader`). Needs members.
+    LeaderTransfer,
 }
 
 impl FaultKind {
+    /// The kinds that need the store served as several members.
+    pub const MEMBERS: [FaultKind; 4] = [
+        FaultKind::MemberCrash,
+        FaultKind::MemberIsolation,
+        FaultKind::LeaderCrash,
+        FaultKind::LeaderTransfer,
+    ];
+
     /// Every kind.
-    pub const ALL: [FaultKind; 16] = [
+    pub const ALL: [FaultKind; 20] = [
         FaultKind::Partition,
         FaultKind::OneWay,
         FaultKind::Hold,
@@ -65,6 +84,10 @@ impl FaultKind {
         FaultKind::Pause,
         FaultKind::Restart,
         FaultKind::Stop,
+        FaultKind::MemberCrash,
+        FaultKind::MemberIsolation,
+        FaultKind::LeaderCrash,
+        FaultKind::LeaderTransfer,
     ];
 
     /// The command-line name.
@@ -86,7 +109,16 @@ impl FaultKind {
             FaultKind::Pause => "pause",
             FaultKind::Restart => "restart",
             FaultKind::Stop => "stop",
+            FaultKind::MemberCrash => "member-crash",
+            FaultKind::MemberIsolation => "member-isolation",
+            FaultKind::LeaderCrash => "leader-crash",
+            FaultKind::LeaderTransfer => "leader-transfer",
         }
+    }
+
+    /// Whether the fault needs the store served as several members (each a turmoil host).
+    pub fn needs_members(self) -> bool {
+        FaultKind::MEMBERS.contains(&self)
     }
 
     /// The kind named `name`.
@@ -125,6 +157,9 @@ impl FaultKind {
                 | FaultKind::Pause
                 | FaultKind::Compact
                 | FaultKind::Stop
+                | FaultKind::MemberCrash
+                | FaultKind::MemberIsolation
+                | FaultKind::LeaderCrash
         )
     }
 
@@ -143,6 +178,10 @@ impl FaultKind {
                 | FaultKind::LeaderChange
                 | FaultKind::StoreCrash
                 | FaultKind::Pause
+                | FaultKind::MemberCrash
+                | FaultKind::MemberIsolation
+                | FaultKind::LeaderCrash
+                | FaultKind::LeaderTransfer
         )
     }
 }
@@ -160,7 +199,7 @@ pub struct Fault {
     pub at: Duration,
     /// What it is.
     pub kind: FaultKind,
-    /// The node it hits (ignored by store-wide kinds).
+    /// The node it hits (ignored by store-wide kinds); for a member fault, the member.
     pub node: usize,
     /// How long it lasts (lasting kinds); for lost replies, how many (in milliseconds).
     pub length: Duration,
@@ -188,8 +227,8 @@ impl Fault {
 
     fn fmt_what(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.kind)?;
-        if self.kind.targets_node() {
-            write!(f, " n{}", self.node)?;
+        if let Some(target) = self.target() {
+            write!(f, " {target}")?;
         }
         match self.kind {
             k if k.lasts() => write!(f, " for {:.3}s", self.length.as_secs_f64()),
@@ -210,6 +249,21 @@ impl Fault {
 }
 
 impl Fault {
+    /// What it hits, when it hits one thing: node `n3`, member `m1` (for a member crash or
+    /// cut-off, the member drawn; the driver moves to the next when that one leads).
+    pub fn target(&self) -> Option<String> {
+        if self.kind.targets_node() {
+            Some(format!("n{}", self.node))
+        } else if matches!(
+            self.kind,
+            FaultKind::MemberCrash | FaultKind::MemberIsolation | FaultKind::LeaderTransfer
+        ) {
+            Some(format!("m{}", self.node))
+        } else {
+            None
+        }
+    }
+
     /// For a compaction storm, how often it compacts: 100 ms to 1 s.
     pub fn compaction_period(&self) -> Duration {
         Duration::from_millis(100 + self.pick % 900)
@@ -238,6 +292,10 @@ pub fn schedule(scenario: &Scenario, rng: &mut Rng) -> Vec<Fault> {
     let ttl_ms = scenario.ttl.as_millis() as u64;
     let mut faults = Vec::new();
     for kind in scenario.fault_kinds.iter().copied() {
+        // One store has no members to fail.
+        if kind.needs_members() && scenario.members < 2 {
+            continue;
+        }
         let expected = scenario.faults_per_minute * window.as_secs_f64() / 60.0;
         // Round the expectation randomly so that low rates still produce faults sometimes.
         let mut count = expected.floor() as u64;
@@ -257,7 +315,10 @@ pub fn schedule(scenario: &Scenario, rng: &mut Rng) -> Vec<Fault> {
                 | FaultKind::Compact => Duration::from_millis(rng.between(100, ttl_ms * 2)),
                 FaultKind::Stop => Duration::from_millis(rng.between(100, ttl_ms)),
                 FaultKind::LostReplies => Duration::from_millis(rng.between(1, 3)),
-                FaultKind::StoreCrash => Duration::from_millis(rng.between(100, ttl_ms * 2)),
+                FaultKind::StoreCrash
+                | FaultKind::MemberCrash
+                | FaultKind::MemberIsolation
+                | FaultKind::LeaderCrash => Duration::from_millis(rng.between(100, ttl_ms * 2)),
                 FaultKind::Crash => Duration::from_millis(rng.between(ttl_ms / 2, ttl_ms * 3)),
                 _ => Duration::ZERO,
             };
@@ -267,10 +328,15 @@ pub fn schedule(scenario: &Scenario, rng: &mut Rng) -> Vec<Fault> {
             } else {
                 length
             };
+            let targets = if kind.needs_members() {
+                scenario.members
+            } else {
+                scenario.hosts
+            };
             faults.push(Fault {
                 at,
                 kind,
-                node: rng.below(scenario.hosts as u64) as usize,
+                node: rng.below(targets as u64) as usize,
                 length,
                 pick: rng.next_u64(),
             });

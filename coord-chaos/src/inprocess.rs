@@ -303,6 +303,21 @@ impl World for InProcess {
     fn stop_part(&mut self, n: usize, request: PartStopRequest) {
         let _ = self.slots()[n].control.part_stops.send(request);
     }
+
+    // One store, no members: member faults are never drawn in-process.
+    fn members(&self) -> usize {
+        1
+    }
+
+    fn member_down(&mut self, _member: usize, _down: bool) {}
+
+    fn member_isolated(&mut self, _member: Option<usize>) {}
+
+    fn leader(&mut self) -> Option<usize> {
+        None
+    }
+
+    fn transfer_leader(&mut self, _to: usize) {}
 }
 
 /// An operator revokes or deletes one of the nodes' keys (hosts and election candidates),

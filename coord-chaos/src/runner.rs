@@ -216,7 +216,9 @@ impl Runner {
     }
 
     /// Runs each node as a turmoil host on the production `EtcdStore` over simulated TCP,
-    /// against the simulator served as etcd; rolling restarts are left out.
+    /// against the simulator served as a cluster of three etcd members (see
+    /// [`members`](Self::members)), so that member faults are drawn too; rolling restarts
+    /// are left out.
     #[cfg(feature = "turmoil")]
     pub fn turmoil(mut self, on: bool) -> Self {
         self.turmoil = on;
@@ -224,7 +226,15 @@ impl Runner {
             self.scenario
                 .fault_kinds
                 .retain(|k| crate::turmoil_world::turmoil_supports(*k));
+            self.scenario.members = 3;
         }
+        self
+    }
+
+    /// Over turmoil, serves the store as `n` etcd members (3 by default); one member draws
+    /// no member faults. In-process runs have one store whatever this says.
+    pub fn members(mut self, n: usize) -> Self {
+        self.scenario.members = n.max(1);
         self
     }
 
@@ -255,7 +265,16 @@ impl Runner {
 
     /// Runs one seed's schedule.
     pub fn run_seed(&self, seed: u64) -> (SeedOutcome, History) {
-        let faults = schedule(&self.scenario, &mut Rng::new(seed));
+        let faults = if self.turmoil || self.scenario.members < 2 {
+            schedule(&self.scenario, &mut Rng::new(seed))
+        } else {
+            // In-process runs have one store: draw no member faults.
+            let one = Scenario {
+                members: 1,
+                ..self.scenario.clone()
+            };
+            schedule(&one, &mut Rng::new(seed))
+        };
         self.run_schedule(seed, &faults)
     }
 

@@ -33,8 +33,12 @@ pub struct Scenario {
     pub election_timeout: Duration,
     /// Simulated length of a run, quiet phase included.
     pub duration: Duration,
-    /// The fault kinds injected.
+    /// The fault kinds injected (member faults only where the store has members).
     pub fault_kinds: BTreeSet<FaultKind>,
+    /// How many etcd members the store is served as. Over turmoil each is a host of its own
+    /// and every node's `EtcdStore` knows them all (3 there, see `Runner::turmoil`); an
+    /// in-process run has one store (1).
+    pub members: usize,
     /// Faults per simulated minute, per enabled kind.
     pub faults_per_minute: f64,
     /// Base one-way latency of every message.
@@ -66,6 +70,7 @@ impl Default for Scenario {
             election_timeout: Duration::from_secs(1),
             duration: Duration::from_secs(120),
             fault_kinds: FaultKind::ALL.into_iter().collect(),
+            members: 1,
             faults_per_minute: 2.0,
             latency: Duration::from_millis(1),
             turmoil_tick: Duration::from_millis(10),

@@ -20,7 +20,10 @@ pub fn timeline(history: &History) -> String {
 fn line(what: &Happening) -> Option<String> {
     Some(match what {
         Happening::FaultStart(f) => format!("FAULT  {}", f.what()),
-        Happening::FaultEnd(f) => format!("healed {} n{}", f.kind, f.node),
+        Happening::FaultEnd(f) => match f.target() {
+            Some(target) => format!("healed {} {target}", f.kind),
+            None => format!("healed {}", f.kind),
+        },
         Happening::Heal => "--- every fault is over: quiet phase ---".to_owned(),
         Happening::Started { who, .. } => format!("{who}  started"),
         Happening::Crashed(who) => format!("{who}  CRASHED"),

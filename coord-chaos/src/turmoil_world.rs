@@ -1,8 +1,10 @@
 //! The turmoil world: each node a turmoil host running its service on the production
 //! `EtcdStore` (etcd-client, tonic, h2) over turmoil's simulated TCP, against the simulator
-//! served as etcd on a host of its own. Link faults are turmoil's (partitions both ways and one
-//! way, holds, link latency); crashes are turmoil crashes and bounces, of a node or of the
-//! store; store-side faults go through a small agent on the store's host.
+//! served as an etcd cluster (`Scenario::members` members, each a host of its own; every
+//! node's store knows them all, starting from a different one). Link faults are turmoil's
+//! (partitions both ways and one way, holds, link latency, between the node and every
+//! member); node crashes are turmoil crashes and bounces; member faults and store-side faults
+//! are the cluster's.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -11,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use coord_api::sync::watch;
-use coord_etcd::{EtcdConfig, EtcdStore};
-use coord_sim::grpc::{channel, incoming, Clients, EtcdService, ETCD_PORT};
+use coord_etcd::{EtcdConfig, EtcdStore, MemberChannel};
+use coord_sim::grpc::{channel, Clients, SimCluster, ETCD_PORT};
 use coord_sim::{CompactionTask, SimConfig, SimStore};
 use tokio::sync::mpsc;
 
@@ -24,8 +26,6 @@ use crate::recorder::Recorder;
 use crate::scenario::Scenario;
 use crate::service::{Node, PartStopRequest, Service};
 
-const ETCD: &str = "etcd";
-
 /// Whether a turmoil run can inject `kind` (a rolling restart needs two incarnations of one
 /// host at once, which a turmoil host cannot be).
 pub fn turmoil_supports(kind: FaultKind) -> bool {
@@ -36,17 +36,6 @@ pub fn turmoil_supports(kind: FaultKind) -> bool {
 pub fn turmoil_fault_kinds() -> impl Iterator<Item = FaultKind> {
     FaultKind::ALL.into_iter().filter(|k| turmoil_supports(*k))
 }
-
-/// What the store's host does on the driver's behalf, on the host's own runtime and clock.
-#[derive(Debug)]
-enum Command {
-    CloseStreams,
-    LeaderChange(Duration),
-    Storm(Fault, bool),
-    Operator(Fault),
-}
-
-type Agent = Arc<Mutex<Option<mpsc::UnboundedSender<Command>>>>;
 
 /// Per node: the live incarnation's way to ask for a part stop.
 type PartStops = Arc<Mutex<BTreeMap<usize, mpsc::UnboundedSender<PartStopRequest>>>>;
@@ -92,12 +81,21 @@ pub fn simulate_service_turmoil(
         coord_api::sync::explore::enable(seed);
     }
     let rec = Recorder::turmoil(scenario.turmoil_tick);
-    let durable: Arc<Mutex<Option<SimStore>>> = Arc::default();
     let clients = Clients::default();
-    let agent = Agent::default();
     let parts = PartStops::default();
     let slow = ReplyLatencies::default();
-    add_store_host(&mut sim, &scenario, seed, &rec, &durable, &clients, &agent);
+    let sink = rec.clone();
+    let cluster = SimCluster::builder()
+        .members(scenario.members.max(1))
+        .election_timeout(scenario.election_timeout)
+        .config(SimConfig::default().with_seed(seed))
+        .clients(clients.clone())
+        .on_create(move |store| {
+            let sink = sink.clone();
+            store.on_journal(move |at, e| sink.record_at(at, Happening::Store(e)));
+        })
+        .add_to(&mut sim);
+    let storms = Storms::default();
     let mut paused = Vec::new();
     let mut incs = Vec::new();
     for n in 0..scenario.hosts {
@@ -110,7 +108,7 @@ pub fn simulate_service_turmoil(
             scenario: scenario.clone(),
             seed,
             rec: rec.clone(),
-            durable: durable.clone(),
+            cluster: cluster.clone(),
             clients: clients.clone(),
             parts: parts.clone(),
             slow: slow.clone(),
@@ -130,7 +128,8 @@ pub fn simulate_service_turmoil(
             sim: &mut sim,
             scenario: &scenario,
             rec: &rec,
-            agent: &agent,
+            cluster: &cluster,
+            storms: &storms,
             clients: &clients,
             slow: &slow,
             paused: &paused,
@@ -160,7 +159,7 @@ struct NodeHost {
     scenario: Arc<Scenario>,
     seed: u64,
     rec: Recorder,
-    durable: Arc<Mutex<Option<SimStore>>>,
+    cluster: SimCluster,
     clients: Clients,
     parts: PartStops,
     slow: ReplyLatencies,
@@ -185,12 +184,7 @@ impl NodeHost {
     async fn run(self, who: Incarnation) -> turmoil::Result {
         // The store's host creates the store on its first start.
         let store = loop {
-            if let Some(s) = self
-                .durable
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
-            {
+            if let Some(s) = self.cluster.store() {
                 break s;
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -213,10 +207,19 @@ impl NodeHost {
             who,
             client: client.client_id(),
         });
-        let config = EtcdConfig::new([format!("http://{ETCD}:{ETCD_PORT}")])
+        // Every member, starting from a different one per node, as a fleet's configurations
+        // spread their first endpoints.
+        let members = self.cluster.len();
+        let channels = (0..members)
+            .map(|k| {
+                let host = self.cluster.host((self.n + k) % members).to_owned();
+                Box::new(move || channel(&host, ETCD_PORT)) as MemberChannel
+            })
+            .collect();
+        let config = EtcdConfig::new(["http://etcd:2379"])
             .with_limits(store.config().limits.clone())
             .with_request_timeout(self.scenario.request_timeout);
-        let etcd = EtcdStore::from_channel_factory(|| channel(ETCD, ETCD_PORT), config).await?;
+        let etcd = EtcdStore::from_member_channels(channels, config).await?;
         let (node, control) = Node::new(
             who,
             Arc::new(etcd),
@@ -235,81 +238,17 @@ impl NodeHost {
     }
 }
 
-fn add_store_host(
-    sim: &mut turmoil::Sim<'_>,
-    scenario: &Arc<Scenario>,
-    seed: u64,
-    rec: &Recorder,
-    durable: &Arc<Mutex<Option<SimStore>>>,
-    clients: &Clients,
-    agent: &Agent,
-) {
-    let (scenario, rec, durable, clients, agent) = (
-        scenario.clone(),
-        rec.clone(),
-        durable.clone(),
-        clients.clone(),
-        agent.clone(),
-    );
-    sim.host(ETCD, move || {
-        let (scenario, rec, durable, clients, agent) = (
-            scenario.clone(),
-            rec.clone(),
-            durable.clone(),
-            clients.clone(),
-            agent.clone(),
-        );
-        async move {
-            let store = {
-                let mut slot = durable.lock().unwrap_or_else(|p| p.into_inner());
-                match slot.as_ref() {
-                    Some(store) => {
-                        store.resume_on_current_runtime(scenario.election_timeout);
-                        store.clone()
-                    }
-                    None => {
-                        let store = SimStore::with_config(SimConfig::default().with_seed(seed));
-                        let sink = rec.clone();
-                        store.on_journal(move |at, e| sink.record_at(at, Happening::Store(e)));
-                        slot.insert(store).clone()
-                    }
-                }
-            };
-            let (tx, rx) = mpsc::unbounded_channel();
-            *agent.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
-            tokio::spawn(run_agent(store.clone(), rx));
-            EtcdService::with_clients(store, clients)
-                .serve(incoming(ETCD_PORT))
-                .await?;
-            Ok(())
-        }
-    });
-}
-
-async fn run_agent(store: SimStore, mut rx: mpsc::UnboundedReceiver<Command>) {
-    let mut storms: BTreeMap<Fault, CompactionTask> = BTreeMap::new();
-    while let Some(cmd) = rx.recv().await {
-        match cmd {
-            Command::CloseStreams => store.close_streams(),
-            Command::LeaderChange(et) => store.leader_change(et),
-            Command::Storm(f, true) => {
-                let storm = store.compact_every(f.compaction_period());
-                storms.insert(f, storm);
-            }
-            Command::Storm(f, false) => {
-                storms.remove(&f);
-            }
-            Command::Operator(f) => operate(&store, &f).await,
-        }
-    }
-}
+/// The compaction storms running, by fault: each a task on the store's host, ended by
+/// dropping it.
+type Storms = Arc<Mutex<BTreeMap<Fault, CompactionTask>>>;
 
 /// The world as the driver sees it between two steps of the simulation.
 struct Turmoil<'a, 'b> {
     sim: &'a mut turmoil::Sim<'b>,
     scenario: &'a Scenario,
     rec: &'a Recorder,
-    agent: &'a Agent,
+    cluster: &'a SimCluster,
+    storms: &'a Storms,
     clients: &'a Clients,
     slow: &'a ReplyLatencies,
     paused: &'a [Arc<watch::Sender<bool>>],
@@ -318,15 +257,9 @@ struct Turmoil<'a, 'b> {
 }
 
 impl Turmoil<'_, '_> {
-    fn tell(&self, cmd: Command) {
-        if let Some(tx) = self
-            .agent
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
-            let _ = tx.send(cmd);
-        }
+    /// Every member's host: a node's link faults cut, hold or slow its link to each.
+    fn member_hosts(&self) -> impl Iterator<Item = String> + '_ {
+        (0..self.cluster.len()).map(|i| self.cluster.host(i).to_owned())
     }
 
     fn host(node: usize) -> String {
@@ -351,28 +284,34 @@ impl World for Turmoil<'_, '_> {
 
     fn partition(&mut self, node: usize, on: bool) {
         let host = Self::host(node);
-        if on {
-            self.sim.partition(host.as_str(), ETCD);
-        } else {
-            self.sim.repair(host.as_str(), ETCD);
+        for m in self.member_hosts().collect::<Vec<_>>() {
+            if on {
+                self.sim.partition(host.as_str(), m.as_str());
+            } else {
+                self.sim.repair(host.as_str(), m.as_str());
+            }
         }
     }
 
     fn partition_oneway(&mut self, node: usize, on: bool) {
         let host = Self::host(node);
-        if on {
-            self.sim.partition_oneway(ETCD, host.as_str());
-        } else {
-            self.sim.repair_oneway(ETCD, host.as_str());
+        for m in self.member_hosts().collect::<Vec<_>>() {
+            if on {
+                self.sim.partition_oneway(m.as_str(), host.as_str());
+            } else {
+                self.sim.repair_oneway(m.as_str(), host.as_str());
+            }
         }
     }
 
     fn hold(&mut self, node: usize, on: bool) {
         let host = Self::host(node);
-        if on {
-            self.sim.hold(host.as_str(), ETCD);
-        } else {
-            self.sim.release(host.as_str(), ETCD);
+        for m in self.member_hosts().collect::<Vec<_>>() {
+            if on {
+                self.sim.hold(host.as_str(), m.as_str());
+            } else {
+                self.sim.release(host.as_str(), m.as_str());
+            }
         }
     }
 
@@ -382,8 +321,10 @@ impl World for Turmoil<'_, '_> {
 
     fn latency(&mut self, node: usize, extra: Duration) {
         let host = Self::host(node);
-        self.sim
-            .set_link_latency(host.as_str(), ETCD, self.scenario.latency + extra);
+        for m in self.member_hosts().collect::<Vec<_>>() {
+            self.sim
+                .set_link_latency(host.as_str(), m.as_str(), self.scenario.latency + extra);
+        }
     }
 
     fn reply_latency(&mut self, node: usize, extra: Duration) {
@@ -403,27 +344,75 @@ impl World for Turmoil<'_, '_> {
     }
 
     fn close_streams(&mut self) {
-        self.tell(Command::CloseStreams);
+        self.cluster
+            .on_store(|store| async move { store.close_streams() });
     }
 
     fn leader_change(&mut self) {
-        self.tell(Command::LeaderChange(self.scenario.election_timeout));
+        let et = self.scenario.election_timeout;
+        self.cluster
+            .on_store(move |store| async move { store.leader_change(et) });
     }
 
     fn store_down(&mut self, down: bool) {
         if down {
-            self.sim.crash(ETCD);
+            self.cluster.crash_all();
         } else {
-            self.sim.bounce(ETCD);
+            self.cluster.restart_all();
         }
     }
 
     fn compaction(&mut self, storm: &Fault, on: bool) {
-        self.tell(Command::Storm(storm.clone(), on));
+        let (storm, storms) = (storm.clone(), self.storms.clone());
+        if on {
+            self.cluster.on_store(move |store| async move {
+                let task = store.compact_every(storm.compaction_period());
+                storms
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(storm, task);
+            });
+        } else {
+            self.cluster.on_store(move |_| async move {
+                storms
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&storm);
+            });
+        }
     }
 
     fn operator(&mut self, fault: &Fault) {
-        self.tell(Command::Operator(fault.clone()));
+        let fault = fault.clone();
+        self.cluster
+            .on_store(move |store| async move { operate(&store, &fault).await });
+    }
+
+    fn members(&self) -> usize {
+        self.cluster.len()
+    }
+
+    fn member_down(&mut self, member: usize, down: bool) {
+        if down {
+            self.cluster.kill(self.sim, member);
+        } else {
+            self.cluster.restart(member);
+        }
+    }
+
+    fn member_isolated(&mut self, member: Option<usize>) {
+        match member {
+            Some(m) => self.cluster.isolate(self.sim, m),
+            None => self.cluster.rejoin(self.sim),
+        }
+    }
+
+    fn leader(&mut self) -> Option<usize> {
+        self.cluster.leader(self.sim)
+    }
+
+    fn transfer_leader(&mut self, to: usize) {
+        self.cluster.transfer_leader(self.sim, to);
     }
 
     fn crash(&mut self, node: usize) {

@@ -1,14 +1,35 @@
 //! Every planted bug is caught by the chaos checkers within a bounded number of seeds.
 //!
-//! Built only with `--features planted-bugs` (coord-api then compiles its planted defects
-//! in, all off); this test switches them on one at a time, process-wide, so it is one test.
+//! Built only with `--features planted-bugs,turmoil` (coord-api then compiles its planted
+//! defects in, all off); this test switches them on one at a time, process-wide, so it is one
+//! test. The recipes' bugs are hunted in-process; `EtcdStore`'s failover bug over turmoil,
+//! on three members under member faults alone (where a member cut off is not drowned out by
+//! other faults).
 
 use coord_api::planted::{self, Bug};
-use coord_chaos::{CoordService, Runner};
+use coord_chaos::{CoordService, FaultKind, Runner, Scenario};
 
 /// Seeds tried per bug before declaring it missed. The seeds are fixed, so the result is the
 /// same on every run: a miss is a checker that lost its teeth, not bad luck.
 const SEEDS: u64 = 40;
+
+/// Where a bug is hunted.
+fn runner_for(bug: Bug) -> Runner {
+    match bug {
+        Bug::FailoverStaysOnNoLeader => Runner::new(CoordService)
+            .scenario(member_faults())
+            .turmoil(true)
+            .jobs(1),
+        _ => Runner::new(CoordService).jobs(1),
+    }
+}
+
+/// Member faults alone.
+fn member_faults() -> Scenario {
+    let mut s = Scenario::default();
+    s.fault_kinds = FaultKind::MEMBERS.into_iter().collect();
+    s
+}
 
 #[test]
 fn every_planted_bug_is_caught() {
@@ -26,6 +47,7 @@ fn every_planted_bug_is_caught() {
     let mut missed = Vec::new();
     for bug in Bug::ALL {
         planted::enable(&[bug]);
+        let runner = runner_for(bug);
         let caught = (0..SEEDS).find_map(|seed| {
             let (outcome, _) = runner.run_seed(seed);
             outcome.violations.first().map(|v| (seed, v.clone()))

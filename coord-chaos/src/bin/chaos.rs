@@ -36,10 +36,14 @@ OPTIONS:
   --watchers N       nodes that also run a cluster watcher (default 2)
   --ttl SECS         lease TTL (default 3)
   --duration SECS    simulated length of a run, quiet phase included (default 120)
-  --faults LIST      fault kinds, comma-separated, or 'all' or 'none' (default all):
-                     partition, one-way, hold, latency, slow-replies, lost-replies,
+  --faults LIST      fault kinds, comma-separated, or 'all', 'members' or 'none' (default
+                     all): partition, one-way, hold, latency, slow-replies, lost-replies,
                      close-streams, leader-change, store-crash, compact, revoke, delete,
-                     crash, pause, restart, stop
+                     crash, pause, restart, stop; with --turmoil, the members' too
+                     ('members'): member-crash, member-isolation, leader-crash,
+                     leader-transfer
+  --members N        with --turmoil: etcd members the store is served as (default 3; each
+                     node's EtcdStore knows them all)
   --rate N           faults per simulated minute, per kind (default 2)
   --latency MS       base one-way latency of every message (default 1)
   --tick MS          with --turmoil: simulated time per turmoil step (default 10)
@@ -61,6 +65,7 @@ struct Args {
     jobs: usize,
     bug: Option<String>,
     turmoil: bool,
+    members: Option<usize>,
     /// The scenario flags as given, for replay commands.
     flags: Vec<String>,
 }
@@ -75,6 +80,7 @@ fn parse() -> Result<Args, String> {
         jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
         bug: None,
         turmoil: false,
+        members: None,
         flags: Vec::new(),
     };
     let mut args: Vec<String> = std::env::args().skip(1).collect();
@@ -117,6 +123,7 @@ fn parse() -> Result<Args, String> {
             "--jobs" => a.jobs = num(&value)?.max(1) as usize,
             "--bug" => a.bug = Some(value.clone()),
             "--hosts" => s.hosts = num(&value)?.max(1) as usize,
+            "--members" => a.members = Some(num(&value)?.max(1) as usize),
             "--elections" => s.elections = num(&value)? as usize,
             "--watchers" => s.watchers = num(&value)? as usize,
             "--ttl" => s.ttl = Duration::from_secs(num(&value)?.max(2)),
@@ -131,6 +138,7 @@ fn parse() -> Result<Args, String> {
             "--faults" => {
                 s.fault_kinds = match value.as_str() {
                     "all" => FaultKind::ALL.into_iter().collect(),
+                    "members" => FaultKind::MEMBERS.into_iter().collect(),
                     "none" => Default::default(),
                     list => list
                         .split(',')
@@ -229,6 +237,10 @@ fn main() -> ExitCode {
         .replay_with(move |seed| replay_command(turmoil, bug.as_deref(), &flags, seed));
     #[cfg(feature = "turmoil")]
     let runner = runner.turmoil(args.turmoil);
+    let runner = match args.members {
+        Some(n) => runner.members(n),
+        None => runner,
+    };
     match args.seed {
         Some(seed) => replay(&args, &runner, seed),
         None => many(&args, &runner),
@@ -247,8 +259,13 @@ fn describe(s: &Scenario) -> String {
             .collect::<Vec<_>>()
             .join(",")
     };
+    let members = if s.members > 1 {
+        format!("{} etcd members, ", s.members)
+    } else {
+        String::new()
+    };
     format!(
-        "{} hosts, {} elections, {} watchers, TTL {} s, {} s simulated per seed; faults: {kinds} at {}/min each{}",
+        "{members}{} hosts, {} elections, {} watchers, TTL {} s, {} s simulated per seed; faults: {kinds} at {}/min each{}",
         s.hosts,
         s.elections,
         s.watchers,
