@@ -50,6 +50,9 @@ pub(crate) struct Witness {
     followers: Mutex<Vec<JoinHandle<()>>>,
     /// Who is who: each name the test uses, as a node of the history.
     names: Mutex<BTreeMap<String, Incarnation>>,
+    /// Per leadership begun (its node and token): the store's revision just after, once read.
+    pins: Arc<Mutex<Vec<(Incarnation, Revision, i64)>>>,
+    pinning: Mutex<Vec<JoinHandle<()>>>,
     ttl: Duration,
 }
 
@@ -92,6 +95,8 @@ impl Witness {
             stop,
             followers: Mutex::default(),
             names: Mutex::default(),
+            pins: Arc::default(),
+            pinning: Mutex::default(),
             ttl,
         }
     }
@@ -106,12 +111,37 @@ impl Witness {
     }
 
     /// Records that `name` believes it leads `election` with `token`.
+    ///
+    /// The observers date a change by when their task got to it, which on a loaded machine
+    /// can trail the node that acted on it; so the belief is also pinned to the store's
+    /// revision read right after it, and is dated no earlier than the observers' receipt of
+    /// that revision (a belief is judged against a store that has caught up with it).
     pub(crate) fn leader_start(&self, name: &str, election: &str, token: Revision) {
+        let who = self.who(name);
         self.recorder.record(Happening::LeaderStart {
-            who: self.who(name),
+            who,
             election: election.to_owned(),
             token,
         });
+        let (endpoints, pins) = (self.endpoints.clone(), self.pins.clone());
+        let pin = tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                let read = async {
+                    let mut c = Client::connect(endpoints.clone(), None).await?;
+                    c.get("\0", Some(etcd_client::GetOptions::new().with_limit(1)))
+                        .await
+                };
+                if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(1), read).await {
+                    if let Some(h) = r.header() {
+                        pins.lock().unwrap().push((who, token, h.revision()));
+                        return;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        self.pinning.lock().unwrap().push(pin);
     }
 
     /// Records that `name` no longer believes it leads.
@@ -154,13 +184,14 @@ impl Witness {
         let (violations, history) = self.violations().await;
         assert!(
             violations.is_empty(),
-            "the history breaks invariants:\n{}\n\n{}",
+            "the history breaks invariants:\n{}\n\n{}\nthe store's changes, as first observed:\n{}",
             violations
                 .iter()
                 .map(|v| v.to_string())
                 .collect::<Vec<_>>()
                 .join("\n"),
-            coord_chaos::timeline(&history)
+            coord_chaos::timeline(&history),
+            changes(&history)
         );
         let count =
             |f: fn(&Happening) -> bool| history.records.iter().filter(|r| f(&r.what)).count();
@@ -199,6 +230,10 @@ impl Witness {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        let pinning: Vec<_> = self.pinning.lock().unwrap().drain(..).collect();
+        for p in pinning {
+            let _ = p.await;
+        }
         self.stop.cancel();
         let followers: Vec<_> = self.followers.lock().unwrap().drain(..).collect();
         for f in followers {
@@ -225,6 +260,33 @@ impl Witness {
             );
         }
         let mut history = self.recorder.history();
+        // A leadership counts from when the observers had the revision pinned to it (see
+        // `leader_start`), and ends no earlier than it begins.
+        let observed_at: BTreeMap<i64, Duration> = history
+            .records
+            .iter()
+            .filter_map(|r| match &r.what {
+                Happening::Store(Entry::Commit { revision, .. }) => Some((revision.0, r.at)),
+                _ => None,
+            })
+            .collect();
+        let pins = std::mem::take(&mut *self.pins.lock().unwrap());
+        for (who, token, revision) in pins {
+            let Some(seen) = observed_at.get(&revision).copied() else {
+                continue;
+            };
+            for r in history.records.iter_mut() {
+                match &r.what {
+                    Happening::LeaderStart { who: w, token: t, .. }
+                    | Happening::LeaderEnd { who: w, token: t, .. }
+                        if *w == who && *t == token =>
+                    {
+                        r.at = r.at.max(seen);
+                    }
+                    _ => {}
+                }
+            }
+        }
         // Observed and believed were recorded by different tasks: put them in time order.
         history.records.sort_by_key(|r| r.at);
         let mut scenario = Scenario::default();
@@ -244,9 +306,41 @@ impl Witness {
     }
 }
 
+/// The store's changes in a history, one line each (time, revision, what changed), the last
+/// 200: what a failed check is judged against.
+fn changes(history: &History) -> String {
+    let lines: Vec<String> = history
+        .records
+        .iter()
+        .filter_map(|r| match &r.what {
+            Happening::Store(Entry::Commit {
+                revision, events, ..
+            }) => Some(format!(
+                "{:>10.3}s  rev {:>5}  {}",
+                r.at.as_secs_f64(),
+                revision.0,
+                events
+                    .iter()
+                    .map(|e| format!(
+                        "{:?} {} (lease {:x}, created {})",
+                        e.kind,
+                        String::from_utf8_lossy(&e.kv.key),
+                        e.kv.lease.0,
+                        e.kv.create_revision.0
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            _ => None,
+        })
+        .collect();
+    lines[lines.len().saturating_sub(200)..].join("\n")
+}
+
 /// Watches every key from `from` on through `endpoint` alone, adding each revision's changes
 /// to `observed` (keeping the earliest receipt); re-opens from the next revision when the
-/// stream breaks (a member killed).
+/// stream breaks (a member killed). A change is dated when it is received: later than it was
+/// made, by as much as the observer's task lagged (see [`Witness::leader_start`]).
 async fn observe(
     endpoint: String,
     mut from: Revision,
@@ -255,19 +349,23 @@ async fn observe(
 ) {
     loop {
         let opened = async {
-            let mut c = Client::connect([endpoint.as_str()], None).await?;
+            let options = etcd_client::ConnectOptions::new()
+                .with_connect_timeout(Duration::from_millis(250));
+            let mut c = Client::connect([endpoint.as_str()], Some(options)).await?;
             let opts = WatchOptions::new()
                 .with_from_key()
                 .with_prev_key()
                 .with_start_revision(from.0);
             c.watch("\0", Some(opts)).await
         };
+        // A dead member can hold an attempt (the client's balancer waits for it): try again.
+        let opened = tokio::time::timeout(Duration::from_millis(500), opened);
         let mut stream = tokio::select! {
             _ = stop.cancelled() => return,
             s = opened => match s {
-                Ok(s) => s,
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                Ok(Ok(s)) => s,
+                _ => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             },
