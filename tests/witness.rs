@@ -277,10 +277,12 @@ impl Witness {
             };
             for r in history.records.iter_mut() {
                 match &r.what {
-                    Happening::LeaderStart { who: w, token: t, .. }
-                    | Happening::LeaderEnd { who: w, token: t, .. }
-                        if *w == who && *t == token =>
-                    {
+                    Happening::LeaderStart {
+                        who: w, token: t, ..
+                    }
+                    | Happening::LeaderEnd {
+                        who: w, token: t, ..
+                    } if *w == who && *t == token => {
                         r.at = r.at.max(seen);
                     }
                     _ => {}
@@ -349,8 +351,8 @@ async fn observe(
 ) {
     loop {
         let opened = async {
-            let options = etcd_client::ConnectOptions::new()
-                .with_connect_timeout(Duration::from_millis(250));
+            let options =
+                etcd_client::ConnectOptions::new().with_connect_timeout(Duration::from_millis(250));
             let mut c = Client::connect([endpoint.as_str()], Some(options)).await?;
             let opts = WatchOptions::new()
                 .with_from_key()
