@@ -109,6 +109,8 @@ pub(crate) struct Figures {
     pub(crate) isolated_plain_write: Outcome,
     /// A linearizable read without require-leader, three election timeouts after the cut.
     pub(crate) isolated_plain_read: Outcome,
+    /// A read-only transaction (a compare and a range) the same way: etcd serves it as a read.
+    pub(crate) isolated_plain_txn_read: Outcome,
     /// A watch with require-leader opened before the cut: when it ends.
     pub(crate) isolated_watch_ends: Outcome,
     /// Whether the rejoined member's return moved the raft term on (an election: etcd 3.4
@@ -149,6 +151,10 @@ impl Figures {
             (
                 "isolated member: linearizable read, no require-leader",
                 self.isolated_plain_read.row(),
+            ),
+            (
+                "isolated member: read-only txn, no require-leader",
+                self.isolated_plain_txn_read.row(),
             ),
             (
                 "isolated member: require-leader watch opened before the cut ends",
@@ -204,13 +210,24 @@ impl Figures {
             w.no_leader() && w.after < Duration::from_millis(500),
             "a member that knows it has no leader must refuse require-leader requests at once: {w:?}"
         );
-        for (what, o) in [
-            ("write", &self.isolated_plain_write),
-            ("read", &self.isolated_plain_read),
+        // Held until etcd's request timeout: a proposal waits for a leader (raft takes none
+        // without one), a read (a read-only txn too) for a read index that never comes.
+        for (what, o, answer) in [
+            (
+                "write",
+                &self.isolated_plain_write,
+                "context deadline exceeded",
+            ),
+            ("read", &self.isolated_plain_read, "request timed out"),
+            (
+                "read-only txn",
+                &self.isolated_plain_txn_read,
+                "request timed out",
+            ),
         ] {
             assert!(
-                !o.ok() && o.after >= request_timeout,
-                "an isolated member must hold a {what} without require-leader: {o:?}"
+                o.answer.contains(answer) && o.after >= request_timeout,
+                "an isolated member must hold a {what} without require-leader, then answer `{answer}`: {o:?}"
             );
         }
         let w = &self.isolated_watch_ends;
@@ -254,6 +271,17 @@ async fn put(c: &mut Client, key: &str) -> Result<(), etcd_client::Error> {
 
 async fn get(c: &mut Client, key: &str) -> Result<(), etcd_client::Error> {
     c.get(key, None::<GetOptions>).await.map(|_| ())
+}
+
+async fn read_only_txn(c: &mut Client, key: &str) -> Result<(), etcd_client::Error> {
+    let txn = etcd_client::Txn::new()
+        .when([etcd_client::Compare::version(
+            key,
+            etcd_client::CompareOp::Greater,
+            0,
+        )])
+        .and_then([etcd_client::TxnOp::get(key, None)]);
+    c.txn(txn).await.map(|_| ())
 }
 
 /// A client of `i`, or a panic that says which.
@@ -337,10 +365,11 @@ pub(crate) async fn probe(m: &dyn Members) -> Figures {
     let at_cut = tokio::spawn(async move { timed(put(&mut rl_at_cut, "probe/at-cut")).await });
     tokio::time::sleep(et * 3).await;
     let isolated_write_later = timed(put(&mut rl, "probe/later")).await;
-    let mut plain_read = plain.clone();
-    let (isolated_plain_write, isolated_plain_read) = tokio::join!(
+    let (mut plain_read, mut plain_txn) = (plain.clone(), plain.clone());
+    let (isolated_plain_write, isolated_plain_read, isolated_plain_txn_read) = tokio::join!(
         timed(put(&mut plain, "probe/plain")),
         timed(get(&mut plain_read, "probe/plain")),
+        timed(read_only_txn(&mut plain_txn, "probe/plain")),
     );
     let isolated_write_at_cut = at_cut.await.expect("the probe's task");
     let isolated_watch_ends = watch_ends.await.expect("the probe's task");
@@ -383,6 +412,7 @@ pub(crate) async fn probe(m: &dyn Members) -> Figures {
         isolated_write_later,
         isolated_plain_write,
         isolated_plain_read,
+        isolated_plain_txn_read,
         isolated_watch_ends,
         rejoin_moved_term,
         leader_killed_write,

@@ -203,6 +203,15 @@ fn op(o: etcd_client::proto::PbTxnRequestOp) -> Result<TxnOp, Status> {
     }
 }
 
+/// Whether a transaction only reads: etcd serves it as a (linearizable) read, not through
+/// raft as a proposal.
+pub(crate) fn read_only(t: &PbTxnRequest) -> bool {
+    t.success
+        .iter()
+        .chain(&t.failure)
+        .all(|o| matches!(o.request, Some(PbTxnOpRequest::RequestRange(_))))
+}
+
 pub(crate) fn txn(t: PbTxnRequest) -> Result<TxnRequest, Status> {
     let compares: Vec<Compare> = t
         .compare

@@ -12,9 +12,9 @@ use tonic::Status;
 /// What a request does at a member, for the rules below.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Call {
-    /// A proposal: put, delete, txn, grant, revoke, compact.
+    /// A proposal: put, delete, a txn that writes, grant, revoke, compact.
     Write,
-    /// A linearizable read (a range, a lease's time to live).
+    /// A linearizable read (a range, a read-only txn, a lease's time to live).
     Read,
     /// A lease renewal (forwarded to the leader).
     Renew,

@@ -203,7 +203,12 @@ impl PbKvService for EtcdService {
 
     async fn txn(&self, request: Request<PbTxnRequest>) -> Reply<PbTxnResponse> {
         let store = self.client(&request);
-        self.admit(requires_leader(&request), Call::Write).await?;
+        let call = if convert::read_only(request.get_ref()) {
+            Call::Read
+        } else {
+            Call::Write
+        };
+        self.admit(requires_leader(&request), call).await?;
         let req = convert::txn(request.into_inner())?;
         let r = store.txn(req).await.map_err(status)?;
         Ok(Response::new(convert::txn_response(r)))
