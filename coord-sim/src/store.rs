@@ -77,6 +77,7 @@ pub(crate) struct Shared {
     pub(crate) journal: Mutex<Option<JournalSink>>,
     /// Set when the store is served from several turmoil hosts: the instant (on the clock
     /// of the host that set it) at which the simulation started. See [`Shared::now`].
+    #[cfg(feature = "grpc")]
     pub(crate) origin: Mutex<Option<Instant>>,
 }
 
@@ -200,6 +201,7 @@ impl SimStore {
             next_client: AtomicU64::new(1),
             down: AtomicBool::new(false),
             journal: Mutex::new(None),
+            #[cfg(feature = "grpc")]
             origin: Mutex::new(None),
         });
         tokio::spawn(background(
