@@ -51,8 +51,9 @@ impl Outcome {
     }
 
     fn refused(&self) -> bool {
+        // A refusal, not a connect timeout (which says "transport error" alone).
         let a = self.answer.to_lowercase();
-        a.contains("connect") || a.contains("refused") || a.contains("transport")
+        a.contains("connect error") || a.contains("refused")
     }
 
     fn row(&self) -> String {
