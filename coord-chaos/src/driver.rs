@@ -270,12 +270,11 @@ impl Driver {
                 }
             }
             FaultKind::MemberCrash | FaultKind::MemberIsolation | FaultKind::LeaderCrash => {
-                let Some((g, member)) = self.member_fault.take() else {
+                // Only the fault in force has anything to undo.
+                let Some((_, member)) = self.member_fault.take_if(|(g, _)| g == f) else {
                     return;
                 };
-                if g != *f {
-                    self.member_fault = Some((g, member));
-                } else if f.kind == FaultKind::MemberIsolation {
+                if f.kind == FaultKind::MemberIsolation {
                     w.member_isolated(None);
                 } else {
                     w.member_down(member, false);

@@ -216,6 +216,7 @@ impl NodeHost {
                 Box::new(move || channel(&host, ETCD_PORT)) as MemberChannel
             })
             .collect();
+        // The channels say where the members are; the config's endpoint is never dialled.
         let config = EtcdConfig::new(["http://etcd:2379"])
             .with_limits(store.config().limits.clone())
             .with_request_timeout(self.scenario.request_timeout);

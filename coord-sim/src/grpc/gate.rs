@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tonic::{Request, Status};
 
-use super::members::{Call, Members, Verdict};
+use super::members::{Call, Members, Refusal, Verdict};
 
 /// Simulated time since the start of the run, on the current turmoil host.
 fn now() -> Duration {
@@ -78,7 +78,7 @@ impl Gate {
         let mut changes = self.members.subscribe();
         loop {
             match self.members.stream_end(self.index) {
-                Some(at) if now() >= at => return self.members.no_leader(),
+                Some(at) if now() >= at => return Refusal::NoLeader.status(),
                 Some(at) => {
                     tokio::select! {
                         _ = sleep_until(at) => {}

@@ -259,8 +259,7 @@ impl Members {
         settle(&mut s, now);
         let et = self.election_timeout;
         let deadline = arrived + self.request_timeout();
-        if let Some((m, since)) = s.isolated.filter(|(m, _)| *m == i) {
-            debug_assert_eq!(m, i);
+        if let Some((_, since)) = s.isolated.filter(|(m, _)| *m == i) {
             // It follows its old leader for an election timeout, then knows it has none.
             let knew_leader = arrived < since + et;
             if require_leader && now >= since + et {
@@ -315,11 +314,6 @@ impl Members {
     /// A receiver that wakes on every change.
     pub(crate) fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
         self.changed.subscribe()
-    }
-
-    /// The error a require-leader stream ends with.
-    pub(crate) fn no_leader(&self) -> Status {
-        Refusal::NoLeader.status()
     }
 }
 
