@@ -287,14 +287,17 @@ pub(crate) enum Seat {
     Lost,
     /// Fewer than `seats` keys are older than it.
     Held,
-    /// `seats` keys (the oldest) are ahead of it, as of `revision`.
+    /// At least `seats` keys are ahead of it, as of `revision`; `nearest` are the `seats`
+    /// youngest of them, and `own` the key itself.
     Waiting {
-        ahead: Vec<Bytes>,
+        own: KeyValue,
+        nearest: Vec<KeyValue>,
         revision: Revision,
     },
 }
 
-/// Reads, in one transaction, the key and the (at most `seats`) oldest keys created before it.
+/// Reads, in one transaction, the key and the (at most `seats`) youngest keys created before
+/// it.
 pub(crate) async fn seat<S: KvLeaseStore + ?Sized>(
     store: &S,
     leader: &LeaderKey,
@@ -305,43 +308,52 @@ pub(crate) async fn seat<S: KvLeaseStore + ?Sized>(
         TxnOp::Get(
             GetRequest::prefix(prefix_of(&leader.name))
                 .with_max_create_revision(leader.token.prev())
-                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                .with_sort(SortTarget::Create, SortOrder::Descend)
                 .with_limit(seats as u64),
         ),
     ]);
     let snapshot = store.txn(read).await?;
     let get = |i: usize| snapshot.responses.get(i).and_then(|r| r.as_get());
-    let own = get(0).and_then(|g| g.kvs.first());
-    if own.map(|kv| kv.create_revision) != Some(leader.token) {
-        return Ok(Seat::Lost);
-    }
-    let ahead: Vec<Bytes> = get(1)
-        .map(|g| g.kvs.iter().map(|kv| kv.key.clone()).collect())
-        .unwrap_or_default();
-    if ahead.len() < seats {
+    let own = match get(0).and_then(|g| g.kvs.first()) {
+        Some(kv) if kv.create_revision == leader.token => kv.clone(),
+        _ => return Ok(Seat::Lost),
+    };
+    let nearest: Vec<KeyValue> = get(1).map(|g| g.kvs.clone()).unwrap_or_default();
+    if nearest.len() < seats {
         return Ok(Seat::Held);
     }
     Ok(Seat::Waiting {
-        ahead,
+        own,
+        nearest,
         revision: snapshot.revision,
     })
 }
 
 /// Waits until fewer than `seats` keys are older than `leader.key`, or fails when it
-/// disappears. Only the `seats` oldest keys ahead are watched: the key can only come within
-/// the seats once one of them goes (keys join the queue at its end).
+/// disappears.
+///
+/// Only the `seats` keys just ahead of it are followed, not the whole queue: with `c >= seats`
+/// keys ahead, fewer than `seats` remain only after `c - seats + 1` of them go, and only
+/// `c - seats` are older than the ones followed, so one of those must go first (keys join
+/// the queue at its end, never ahead). A release thus wakes the `seats` waiters behind the
+/// key released, each with one read, not every waiter in the queue (which, each reading the
+/// queue, cost a release time quadratic in the queue's length).
 async fn wait_for_seat<S: KvLeaseStore + ?Sized>(
     store: &S,
     leader: &LeaderKey,
     seats: usize,
 ) -> Result<()> {
-    let prefix = prefix_of(&leader.name);
+    let shared = store.shared();
     let mut backoff = retry::store_backoff(retry::seed(&[&leader.key]));
     loop {
-        let (ahead, revision) = match seat(store, leader, seats).await {
+        let (own, nearest, revision) = match seat(store, leader, seats).await {
             Ok(Seat::Held) => return Ok(()),
             Ok(Seat::Lost) => return Err(lost(leader)),
-            Ok(Seat::Waiting { ahead, revision }) => (ahead, revision),
+            Ok(Seat::Waiting {
+                own,
+                nearest,
+                revision,
+            }) => (own, nearest, revision),
             Err(e) if matches!(e.class(), ErrorClass::Retryable) => {
                 tracing::debug!(election = %leader.name, error = &e as &dyn std::error::Error, "could not read the queue; retrying");
                 backoff.wait().await;
@@ -349,36 +361,32 @@ async fn wait_for_seat<S: KvLeaseStore + ?Sized>(
             }
             Err(e) => return Err(e),
         };
+        backoff.reset();
         crate::sync::explore::point().await;
-        tracing::debug!(election = %leader.name, %revision, "waiting for one of the keys ahead to go");
-        // A delete of a key ahead, or of our own, sends us back to the read; so does a
-        // watch that breaks (after a pause, so a store refusing watches is not hammered).
-        let watch = WatchRequest::prefix(prefix.clone()).with_start_revision(revision + 1);
-        let relevant = |key: &Bytes| *key == leader.key || ahead.contains(key);
-        let moved = match store.watch(watch).await {
-            Ok(mut events) => loop {
-                match events.next().await {
-                    Some(Ok(batch)) => {
-                        if batch
-                            .events
-                            .iter()
-                            .any(|e| e.kind == EventKind::Delete && relevant(&e.kv.key))
-                        {
-                            break true;
-                        }
-                    }
-                    Some(Err(_)) | None => break false,
-                }
-            },
-            Err(e) if e.class() == ErrorClass::Retryable || e.class() == ErrorClass::Compacted => {
-                false
-            }
-            Err(e) => return Err(e),
+        tracing::debug!(election = %leader.name, %revision, "waiting for one of the keys just ahead to go");
+        let from = revision + 1;
+        let follow = |kv: &KeyValue| {
+            Follow::new(
+                shared.clone(),
+                kv.key.clone(),
+                from,
+                Some((kv.create_revision, kv.mod_revision)),
+            )
         };
-        if moved {
-            backoff.reset();
-        } else {
-            backoff.wait().await;
+        let mut ours = follow(&own);
+        let mut theirs: Vec<(Follow, Revision)> = nearest
+            .iter()
+            .map(|kv| (follow(kv), kv.create_revision))
+            .collect();
+        let one_gone = futures::future::select_all(theirs.iter_mut().map(|(f, created)| {
+            let created = *created;
+            Box::pin(async move { f.until_gone(|kv| kv.create_revision == created).await })
+        }));
+        // Whichever goes, the next read (not the watch) decides what comes next.
+        tokio::select! {
+            biased;
+            _ = ours.until_gone(|kv| kv.create_revision == leader.token) => {}
+            _ = one_gone => {}
         }
     }
 }

@@ -8,8 +8,9 @@
 //! needs to refuse the writes of a permit that may have passed on, and the fenced writes it
 //! accepts at any revision come from at most N permits.
 //!
-//! A waiter watches the N oldest keys ahead of it (one of them must go before it can hold a
-//! permit), so a release wakes at most the waiters it can matter to, each with one read.
+//! A waiter follows the N keys just ahead of it (of the keys ahead, one of those must go
+//! before it can hold a permit), so a release wakes the N waiters behind the released key,
+//! each with one read, not the whole queue.
 //! Everything the election promises holds for a permit: never handed out on a key already
 //! gone, nor with less than half the session's TTL left; a dropped wait leaves no key behind.
 //!

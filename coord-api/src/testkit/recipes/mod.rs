@@ -83,6 +83,7 @@ macro_rules! recipe_tests {
             semaphore::semaphore_permit_dropped_releases,
             semaphore::semaphore_holder_whose_key_is_deleted_is_fenced_out,
             semaphore::semaphore_without_permits_is_refused_and_writes_nothing,
+            semaphore::semaphore_release_wakes_only_the_waiter_next_in_line,
         );
     };
     (@ $run:ident; $($module:ident :: $case:ident),* $(,)?) => {

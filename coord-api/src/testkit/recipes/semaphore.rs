@@ -134,3 +134,62 @@ pub async fn semaphore_without_permits_is_refused_and_writes_nothing(fx: &dyn Fi
     assert_eq!(err.class(), ErrorClass::InvalidArgument, "{err:?}");
     assert_eq!(queued(&store).await, 0);
 }
+
+/// A release wakes the waiter next in line, not the whole queue: each waiter follows only the
+/// keys just ahead of it, so the others make no read. (Waking every waiter, each reading the
+/// queue, costs a release time quadratic in the queue's length: at a thousand waiters, a
+/// million keys read.)
+pub async fn semaphore_release_wakes_only_the_waiter_next_in_line(fx: &dyn Fixture) {
+    const WAITERS: usize = 5;
+    let store = fx.store();
+    let (a, b) = (session(fx, &store).await, session(fx, &store).await);
+    let held = Semaphore::new(&a, SEM, 2).acquire().await.unwrap();
+    let _other = Semaphore::new(&b, SEM, 2).acquire().await.unwrap();
+    let mut waiters = Vec::new();
+    for i in 0..WAITERS {
+        let counted = CountingTxns::new(store.clone());
+        let s = crate::recipes::Session::new(
+            std::sync::Arc::new(counted.clone()),
+            crate::recipes::SessionConfig::default().with_ttl(fx.ttl()),
+        )
+        .await
+        .unwrap();
+        let sem = Semaphore::new(&s, SEM, 2);
+        let task = tokio::spawn(async move { sem.acquire().await });
+        eventually(PROMPT, "the waiter to queue", || async {
+            queued(&store).await == 3 + i as u64
+        })
+        .await;
+        waiters.push((s, counted, task));
+    }
+    // Each waiter has put its key and read the queue once (two transactions) and now waits.
+    eventually(PROMPT, "every waiter to read the queue", || async {
+        waiters.iter().all(|(_, c, _)| c.txns() >= 2)
+    })
+    .await;
+    let before: Vec<u64> = waiters.iter().map(|(_, c, _)| c.txns()).collect();
+    held.release().await.unwrap();
+    let first = within(
+        prompt(fx),
+        "the first waiter to get the released permit",
+        &mut waiters[0].2,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    // A waiter woken by the same delete would read at once; give it a prompt's time to.
+    tokio::time::sleep(prompt(fx)).await;
+    let woken: Vec<usize> = (1..WAITERS)
+        .filter(|&i| waiters[i].1.txns() != before[i])
+        .collect();
+    assert!(
+        woken.is_empty(),
+        "a release woke waiters {woken:?} (of 1..{WAITERS}) that were not next in line: {:?} transactions before, {:?} after",
+        before,
+        waiters.iter().map(|(_, c, _)| c.txns()).collect::<Vec<_>>()
+    );
+    assert!(first.is_held());
+    for (_, _, task) in &waiters {
+        task.abort();
+    }
+}
