@@ -248,6 +248,22 @@ impl State {
         // to it before the limit; only the kept keys are copied.
         let mut count = 0u64;
         let mut kept: Vec<&KeyValue> = Vec::new();
+        let mut matched = 0usize;
+        // Stable, on key order, as etcd's sort is on the small ranges where ties can be seen
+        // (its insertion sort, with the comparator reversed for descending): keys with the
+        // same version or value keep key order, either way.
+        let order = req.sort.and_then(|(target, order)| {
+            let desc = order == SortOrder::Descend;
+            let by = move |o: std::cmp::Ordering| if desc { o.reverse() } else { o };
+            let cmp: fn(&KeyValue, &KeyValue) -> std::cmp::Ordering = match target {
+                SortTarget::Version => |a, b| a.version.cmp(&b.version),
+                SortTarget::Create => |a, b| a.create_revision.cmp(&b.create_revision),
+                SortTarget::Mod => |a, b| a.mod_revision.cmp(&b.mod_revision),
+                SortTarget::Value => |a, b| a.value.cmp(&b.value),
+                _ => return None,
+            };
+            Some(move |a: &KeyValue, b: &KeyValue| by(cmp(a, b)))
+        });
         // A bound of 0 is no bound, as etcd reads it.
         let bound = |b: Option<Revision>| b.filter(|r| !r.is_zero());
         let (min_create, max_create) = (
@@ -261,30 +277,35 @@ impl State {
                 && min_mod.is_none_or(|r| kv.mod_revision >= r)
                 && max_mod.is_none_or(|r| kv.mod_revision <= r)
         };
+        // With a small limit, only the best `limit` keys are kept as the range is walked (a
+        // campaign asks for the one key just ahead of it in a queue of thousands): the same
+        // keys, in the same order, as sorting the whole range and cutting it.
+        let select = limit.filter(|l| order.is_some() && *l <= 8);
         for kv in visible {
             count += 1;
-            if keep(kv) {
-                kept.push(kv);
+            if !keep(kv) {
+                continue;
+            }
+            matched += 1;
+            match (select, &order) {
+                (Some(l), Some(cmp)) => {
+                    let at = kept.partition_point(|k| cmp(k, kv) != std::cmp::Ordering::Greater);
+                    if at < l {
+                        kept.insert(at, kv);
+                        kept.truncate(l);
+                    }
+                }
+                _ => kept.push(kv),
             }
         }
-        if let Some((target, order)) = req.sort {
-            // Stable, on key order, as etcd's sort is on the small ranges where ties can be
-            // seen (its insertion sort, with the comparator reversed for descending): keys
-            // with the same version or value keep key order, either way.
-            let desc = order == SortOrder::Descend;
-            let by = |o: std::cmp::Ordering| if desc { o.reverse() } else { o };
-            match target {
-                SortTarget::Key if desc => kept.reverse(),
-                SortTarget::Version => kept.sort_by(|a, b| by(a.version.cmp(&b.version))),
-                SortTarget::Create => {
-                    kept.sort_by(|a, b| by(a.create_revision.cmp(&b.create_revision)))
-                }
-                SortTarget::Mod => kept.sort_by(|a, b| by(a.mod_revision.cmp(&b.mod_revision))),
-                SortTarget::Value => kept.sort_by(|a, b| by(a.value.cmp(&b.value))),
+        if select.is_none() {
+            match (req.sort, &order) {
+                (Some((SortTarget::Key, SortOrder::Descend)), _) => kept.reverse(),
+                (_, Some(cmp)) => kept.sort_by(|a, b| cmp(a, b)),
                 _ => {}
             }
         }
-        let more = limit.is_some_and(|l| kept.len() > l);
+        let more = limit.is_some_and(|l| matched > l);
         if let Some(l) = limit {
             kept.truncate(l);
         }
