@@ -788,11 +788,21 @@ impl State {
                 self.remove_watcher(id);
                 continue;
             }
-            let events: Vec<Event> = self
-                .log
-                .range(w.next_revision..)
-                .flat_map(|(_, events)| Self::matching(w, events, self.compact_revision))
-                .collect();
+            let events: Vec<Event> = match &w.range {
+                // The revisions that changed one key are in its history: a watch on it (a
+                // recipe's follow, thousands at once in a large simulation) catches up in the
+                // time of the key's changes, not of every write since it started.
+                KeyRange::Key(k) => self
+                    .changed_since(k, w.next_revision)
+                    .filter_map(|rev| self.log.get(&rev))
+                    .flat_map(|events| Self::matching(w, events, self.compact_revision))
+                    .collect(),
+                KeyRange::Prefix(_) => self
+                    .log
+                    .range(w.next_revision..)
+                    .flat_map(|(_, events)| Self::matching(w, events, self.compact_revision))
+                    .collect(),
+            };
             if !events.is_empty() {
                 self.outbox.push(Delivery {
                     watch: id,
@@ -804,6 +814,22 @@ impl State {
             w.synced = true;
             self.unsynced.remove(&id);
         }
+    }
+
+    /// The revisions from `from` on at which `key` changed, in order. The key's history holds
+    /// every change after the compaction point; a delete at the point itself is gone from it
+    /// but may still be in the log (when compaction keeps it there), so the point is looked
+    /// at too.
+    fn changed_since(&self, key: &Bytes, from: Revision) -> impl Iterator<Item = Revision> + '_ {
+        let at_point = (from <= self.compact_revision).then_some(self.compact_revision);
+        let later = self
+            .keys
+            .get(key)
+            .into_iter()
+            .flatten()
+            .map(Version::revision)
+            .filter(move |r| *r >= from && Some(*r) != at_point);
+        at_point.into_iter().chain(later)
     }
 
     /// Forgets a watch.
