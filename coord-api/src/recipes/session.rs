@@ -170,7 +170,14 @@ struct Inner {
     lease: LeaseId,
     ttl: Duration,
     revoke_on_expiry: bool,
+    /// The deadline and the end. Its receivers are told of the end only: a renewal moves the
+    /// deadline later without a word to them, so that a renewal does not wake every task
+    /// waiting on the session (each campaign, each leadership, and whatever they wait on
+    /// beside it). The renewal task alone sleeps until the deadline, and ends the session
+    /// there, in every state it can be in; whoever stops it ends the session too.
     state: watch::Sender<State>,
+    /// Told of each renewal, for the waiters that wait for one ([`SessionHandle::fresh`]).
+    renewed: Notify,
     /// Asks the renewal task to renew now (see [`SessionHandle::fresh`]).
     renew_now: Notify,
     /// Per election: its campaigns on this lease, one at a time (see [`CampaignSlot`]).
@@ -228,17 +235,17 @@ impl Inner {
 
     async fn done(&self) -> SessionEnd {
         let mut rx = self.state.subscribe();
+        // Past its deadline, a session is over now, whether or not the renewal task has run
+        // since; after this, the renewal task ends it at its deadline (see `state`).
+        if self.past_deadline(Instant::now()) {
+            self.end(SessionEnd::Expired);
+        }
         loop {
-            let s = rx.get_and_update();
-            if let Some(end) = s.ended {
+            if let Some(end) = rx.get_and_update().ended {
                 return end;
             }
-            tokio::select! {
-                biased;
-                changed = rx.changed() => if changed.is_err() { return SessionEnd::Orphaned },
-                _ = sleep_until(s.deadline), if !ignores_deadline() => {
-                    self.end(SessionEnd::Expired);
-                }
+            if rx.changed().await.is_err() {
+                return SessionEnd::Orphaned;
             }
         }
     }
@@ -404,6 +411,10 @@ impl SessionHandle {
         let mut rx = self.inner.state.subscribe();
         let mut waited = false;
         loop {
+            // Armed before the state is read, so a renewal between the two is not missed.
+            let renewed = self.inner.renewed.notified();
+            tokio::pin!(renewed);
+            renewed.as_mut().enable();
             let s = rx.get_and_update();
             if let Some(end) = s.ended {
                 return Err(end);
@@ -421,6 +432,7 @@ impl SessionHandle {
             tokio::select! {
                 biased;
                 changed = rx.changed() => if changed.is_err() { return Err(SessionEnd::Orphaned) },
+                () = &mut renewed => {}
                 _ = sleep_until(s.deadline) => {}
             }
         }
@@ -473,6 +485,7 @@ impl Session {
                 ended: None,
                 last_renewal: None,
             }),
+            renewed: Notify::new(),
             renew_now: Notify::new(),
             campaigns: Mutex::default(),
         });
@@ -781,10 +794,13 @@ impl Renewer {
                 } else {
                     sent
                 };
-                self.inner.state.send_modify(|s| {
+                // Unannounced to the state's receivers (see `Inner::state`).
+                self.inner.state.send_if_modified(|s| {
                     s.deadline = s.deadline.max(from + ttl);
                     s.last_renewal = Some(now);
+                    false
                 });
+                self.inner.renewed.notify_waiters();
                 tracing::trace!(ttl_ms = ttl.as_millis() as u64, "renewed");
                 crate::metrics::record::renewed(now - sent);
                 crate::sync::explore::point().await;

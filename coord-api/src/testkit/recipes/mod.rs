@@ -40,6 +40,7 @@ macro_rules! recipe_tests {
     ($run:ident) => {
         $crate::recipe_tests!(@ $run;
             session::session_renews_and_outlives_its_ttl,
+            session::session_renewals_wake_no_waiter_of_its_end,
             session::session_done_fires_at_the_local_deadline_when_cut_off,
             session::session_survives_a_grant_answered_late,
             session::session_reports_a_revoked_lease,

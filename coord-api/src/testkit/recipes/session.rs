@@ -1,5 +1,6 @@
 //! The cases of `Session`.
 
+use std::future::Future;
 use std::time::Duration;
 
 use crate::recipes::{Session, SessionConfig, SessionEnd};
@@ -23,6 +24,41 @@ pub async fn session_renews_and_outlives_its_ttl(fx: &dyn Fixture) {
         Err(Error::LeaseNotFound { .. })
     ));
     assert_eq!(handle.done().await, SessionEnd::Closed);
+}
+
+/// A renewal moves the deadline on without waking the tasks that wait for the session's end:
+/// a service with a thousand campaigns on one session would otherwise poll each of them (and
+/// everything it waits on beside) on every renewal.
+pub async fn session_renewals_wake_no_waiter_of_its_end(fx: &dyn Fixture) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let store = fx.store();
+    let s = session(fx, &store).await;
+    let polls = Arc::new(AtomicUsize::new(0));
+    let handle = s.handle();
+    let mut done = Box::pin(async move { handle.done().await });
+    let counted = polls.clone();
+    let waiter = tokio::spawn(futures::future::poll_fn(move |cx| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        done.as_mut().poll(cx)
+    }));
+    // Six renewals or more (every TTL/3).
+    tokio::time::sleep(fx.ttl() * 2 + fx.ttl() / 3).await;
+    let renewed = s.health().last_renewal.expect("renewed");
+    assert!(
+        renewed.elapsed() < fx.ttl() / 3 + fx.slack(),
+        "the session must have been renewing"
+    );
+    assert_eq!(
+        polls.load(Ordering::SeqCst),
+        1,
+        "the waiter of the session's end was polled again while the session was only renewed"
+    );
+    s.stop().await.unwrap();
+    let end = within(fx.slack(), "the waiter to see the end", waiter)
+        .await
+        .unwrap();
+    assert_eq!(end, SessionEnd::Closed);
 }
 
 pub async fn session_done_fires_at_the_local_deadline_when_cut_off(fx: &dyn Fixture) {
