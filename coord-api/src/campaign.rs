@@ -382,11 +382,12 @@ async fn wait_for_seat<S: KvLeaseStore + ?Sized>(
             let created = *created;
             Box::pin(async move { f.until_gone(|kv| kv.create_revision == created).await })
         }));
+        let never_wakes = crate::planted::enabled(crate::planted::Bug::SemaphoreWaiterNeverWakes);
         // Whichever goes, the next read (not the watch) decides what comes next.
         tokio::select! {
             biased;
             _ = ours.until_gone(|kv| kv.create_revision == leader.token) => {}
-            _ = one_gone => {}
+            _ = one_gone, if !never_wakes => {}
         }
     }
 }

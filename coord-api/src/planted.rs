@@ -72,11 +72,15 @@ pub enum Bug {
     /// renew, and their leases expire while a majority serves. Caught by L2 (a member cut off
     /// is ridden through), over turmoil with members.
     FailoverStaysOnNoLeader,
+    /// A semaphore's waiter follows only its own key, not the keys ahead of it: a release
+    /// never wakes it, and a seat it reaches goes unused (its key holds the seat, nobody
+    /// believes in it) until its session ends. Caught by P4.
+    SemaphoreWaiterNeverWakes,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 18] = [
+    pub const ALL: [Bug; 19] = [
         Bug::CampaignSkipsOwnKeyCheck,
         Bug::WatcherResumesFromNow,
         Bug::WatcherIgnoresCompaction,
@@ -95,6 +99,7 @@ impl Bug {
         Bug::SemaphoreOneTooMany,
         Bug::WatcherTrustsProgressAnswers,
         Bug::FailoverStaysOnNoLeader,
+        Bug::SemaphoreWaiterNeverWakes,
     ];
 
     /// A stable name for command lines and reports.
@@ -118,6 +123,7 @@ impl Bug {
             Bug::SemaphoreOneTooMany => "semaphore-one-too-many",
             Bug::WatcherTrustsProgressAnswers => "watcher-trusts-progress-answers",
             Bug::FailoverStaysOnNoLeader => "failover-stays-on-no-leader",
+            Bug::SemaphoreWaiterNeverWakes => "semaphore-waiter-never-wakes",
         }
     }
 

@@ -8,7 +8,8 @@
 //! that only the holder writes (S1), no phantom holder (S3), a waiter next in line taking over
 //! from a crashed holder (L6), and a holder existing after the heal (L5: some node always
 //! waits for it). Permits are recorded as permits of [`SEMAPHORE`], held to P1-P3
-//! ([`Permits`](crate::Permits)).
+//! ([`Permits`](crate::Permits)) and to P4: a permit believed after the heal (some node
+//! always wants one).
 
 use std::time::Duration;
 

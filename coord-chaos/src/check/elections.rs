@@ -346,45 +346,72 @@ pub(super) fn belief_ends_with_its_key(
 /// L5: after t_h + τ + B + ET + RTT, no election goes without a leader for longer than
 /// τ + B + 2RTT.
 pub(super) fn l5_leader_exists(run: &Run<'_>, out: &mut Vec<Violation>) {
-    let from = run.beliefs.heal + heal_bound(run);
-    let gap_bound = run.scenario.ttl + run.scenario.max_backoff + run.rtt() * 2;
-    if from >= run.end || live_at_end(run).is_empty() {
-        return;
-    }
     let elections: std::collections::BTreeSet<&str> = run
         .beliefs
         .leading
         .iter()
         .map(|l| l.election.as_str())
         .collect();
-    for e in elections {
-        let mut spans: Vec<(Duration, Duration)> = run
-            .beliefs
-            .leading
-            .iter()
-            .filter(|l| l.election == e && l.until > from)
-            .map(|l| (l.from.max(from), l.until))
-            .collect();
-        spans.sort();
-        let mut covered_to = from;
-        let mut worst = (Duration::ZERO, from);
-        for (a, b) in spans.iter().copied().chain([(run.end, run.end)]) {
-            if a > covered_to && a - covered_to > worst.0 {
-                worst = (a - covered_to, covered_to);
-            }
-            covered_to = covered_to.max(b);
+    let held = Held {
+        invariant: "L5",
+        what: "election",
+        none: "no leader",
+    };
+    held.check(run, &run.beliefs.leading, elections, out);
+}
+
+/// An invariant that some belief in each of several elections (or semaphores) always stands
+/// after the heal: L5, and P4.
+pub(super) struct Held {
+    pub(super) invariant: &'static str,
+    pub(super) what: &'static str,
+    pub(super) none: &'static str,
+}
+
+impl Held {
+    /// From t_h + τ + B + ET + RTT on, each of `names` goes without a belief of `beliefs` for
+    /// no longer than τ + B + 2RTT.
+    pub(super) fn check<'a>(
+        &self,
+        run: &Run<'_>,
+        beliefs: &[Leading],
+        names: impl IntoIterator<Item = &'a str>,
+        out: &mut Vec<Violation>,
+    ) {
+        let from = run.beliefs.heal + heal_bound(run);
+        let gap_bound = run.scenario.ttl + run.scenario.max_backoff + run.rtt() * 2;
+        if from >= run.end || live_at_end(run).is_empty() {
+            return;
         }
-        if worst.0 > gap_bound {
-            out.push(run.violation(
-                "L5",
-                worst.1,
-                &[],
-                format!(
-                    "election {e} had no leader for {:.3}s after the heal (bound {:.3}s)",
-                    worst.0.as_secs_f64(),
-                    gap_bound.as_secs_f64()
-                ),
-            ));
+        for e in names {
+            let mut spans: Vec<(Duration, Duration)> = beliefs
+                .iter()
+                .filter(|l| l.election == e && l.until > from)
+                .map(|l| (l.from.max(from), l.until))
+                .collect();
+            spans.sort();
+            let mut covered_to = from;
+            let mut worst = (Duration::ZERO, from);
+            for (a, b) in spans.iter().copied().chain([(run.end, run.end)]) {
+                if a > covered_to && a - covered_to > worst.0 {
+                    worst = (a - covered_to, covered_to);
+                }
+                covered_to = covered_to.max(b);
+            }
+            if worst.0 > gap_bound {
+                out.push(run.violation(
+                    self.invariant,
+                    worst.1,
+                    &[],
+                    format!(
+                        "{} {e} had {} for {:.3}s after the heal (bound {:.3}s)",
+                        self.what,
+                        self.none,
+                        worst.0.as_secs_f64(),
+                        gap_bound.as_secs_f64()
+                    ),
+                ));
+            }
         }
     }
 }

@@ -286,7 +286,8 @@ pub fn generic() -> Vec<Box<dyn Invariant>> {
 }
 
 /// The invariants of coord's own nodes: registrations (S6, S7, L1, L2, M1), watchers (S4/S5,
-/// L4), stops (L7), and the fence on their work keys (S1).
+/// L4), stops (L7), the semaphore they always want a permit of (P4), and the fence on their
+/// work keys (S1).
 pub(crate) fn coord() -> Vec<Box<dyn Invariant>> {
     vec![
         named("S4/S5", watchers::s4_s5_watchers),
@@ -298,6 +299,7 @@ pub(crate) fn coord() -> Vec<Box<dyn Invariant>> {
         named("L4", watchers::l4_watcher_convergence),
         named("L7", stops::l7_stops),
         named("M1", registrations::m1_latest_metadata),
+        named("P4", permits::p4_permit_held),
     ]
 }
 

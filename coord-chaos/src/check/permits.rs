@@ -5,7 +5,7 @@
 
 use coord_api::{EventKind, Revision};
 
-use super::elections::{belief_ends_with_its_key, excused_overlap};
+use super::elections::{belief_ends_with_its_key, excused_overlap, Held};
 use super::{Invariant, Run, Violation};
 
 /// A semaphore's invariants: P1, P2 over the writes under a prefix, P3.
@@ -174,4 +174,22 @@ impl Invariant for Permits {
         self.p2(run, out);
         self.p3(run, out);
     }
+}
+
+/// P4, for the semaphore coord's own nodes always want a permit of (each takes one in a
+/// loop): from t_h + τ + B + ET + RTT on, it never goes without a believed permit for longer
+/// than τ + B + 2RTT, L5's bound. A waiter that a release does not wake leaves its seat
+/// unused (held by a key nobody believes in) until its session ends.
+pub(super) fn p4_permit_held(run: &Run<'_>, out: &mut Vec<Violation>) {
+    let held = Held {
+        invariant: "P4",
+        what: "semaphore",
+        none: "no permit believed",
+    };
+    held.check(
+        run,
+        &run.beliefs.permits,
+        [crate::coord_locker::SEMAPHORE],
+        out,
+    );
 }
