@@ -65,6 +65,7 @@
 
 mod clock;
 mod config;
+mod created;
 mod faults;
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]

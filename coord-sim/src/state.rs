@@ -29,6 +29,7 @@ use coord_api::{
 };
 use tokio::time::Instant;
 
+use crate::created::Created;
 use crate::journal::{Entry, Origin};
 
 /// One version of a key in its history.
@@ -85,6 +86,8 @@ pub struct State {
     revision: Revision,
     compact_revision: Revision,
     keys: BTreeMap<Bytes, Vec<Version>>,
+    /// The live keys of the prefixes read in create order (queues), by create revision.
+    created: Created,
     log: BTreeMap<Revision, Vec<Event>>,
     leases: BTreeMap<LeaseId, Lease>,
     deadlines: BTreeSet<(Instant, LeaseId)>,
@@ -120,6 +123,7 @@ impl State {
             revision: Revision(1),
             compact_revision: Revision::ZERO,
             keys: BTreeMap::new(),
+            created: Created::default(),
             log: BTreeMap::new(),
             leases: BTreeMap::new(),
             deadlines: BTreeSet::new(),
@@ -209,16 +213,23 @@ impl State {
         &'a self,
         range: &'a KeyRange,
     ) -> Box<dyn Iterator<Item = (&'a Bytes, &'a Vec<Version>)> + 'a> {
+        Self::versions_of(&self.keys, range)
+    }
+
+    fn versions_of<'a>(
+        keys: &'a BTreeMap<Bytes, Vec<Version>>,
+        range: &'a KeyRange,
+    ) -> Box<dyn Iterator<Item = (&'a Bytes, &'a Vec<Version>)> + 'a> {
+        use std::ops::Bound;
         match range {
-            KeyRange::Key(k) => Box::new(self.keys.get_key_value(k).into_iter()),
-            KeyRange::Prefix(p) => Box::new(
-                self.keys
-                    .range::<[u8], _>((
-                        std::ops::Bound::Included(p.as_ref()),
-                        std::ops::Bound::Unbounded,
-                    ))
-                    .take_while(move |(k, _)| k.starts_with(p)),
-            ),
+            KeyRange::Key(k) => Box::new(keys.get_key_value(k).into_iter()),
+            KeyRange::Prefix(p) => {
+                // The keys from the prefix up to (not including) the first key past it, as
+                // etcd's range end for a prefix: no comparison of each key with the prefix.
+                let end = prefix_end(p);
+                let end = end.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
+                Box::new(keys.range::<[u8], _>((Bound::Included(p.as_ref()), end)))
+            }
         }
     }
 
@@ -238,9 +249,12 @@ impl State {
         self.keys.get(key).and_then(|v| Self::value_at(v, None))
     }
 
-    fn range(&self, req: &GetRequest, header: Revision) -> GetResponse {
+    fn range(&mut self, req: &GetRequest, header: Revision) -> GetResponse {
         let rev = req.revision.filter(|r| *r > 0);
         let limit = req.limit.filter(|l| *l > 0).map(|l| l as usize);
+        if let Some(answer) = self.range_in_create_order(req, rev, limit, header) {
+            return answer;
+        }
         let visible = self
             .versions_in(&req.range)
             .filter_map(|(_, versions)| Self::value_at(versions, rev));
@@ -313,13 +327,60 @@ impl State {
         GetResponse::new(header, kvs).with_count(count, more)
     }
 
+    /// A queue's read (the live keys of a prefix, sorted by create revision, a small limit,
+    /// no mod-revision filter, at the current revision) from the create-order index: the
+    /// same answer as walking the range, in the keys it returns. `None` for any other read.
+    fn range_in_create_order(
+        &mut self,
+        req: &GetRequest,
+        rev: Option<Revision>,
+        limit: Option<usize>,
+        header: Revision,
+    ) -> Option<GetResponse> {
+        let bound = |b: Option<Revision>| b.filter(|r| !r.is_zero());
+        let (KeyRange::Prefix(prefix), None, Some((SortTarget::Create, order)), Some(limit)) =
+            (&req.range, rev, req.sort, limit)
+        else {
+            return None;
+        };
+        if limit > 8
+            || bound(req.min_mod_revision).is_some()
+            || bound(req.max_mod_revision).is_some()
+        {
+            return None;
+        }
+        let keys = &self.keys;
+        let live = || -> Box<dyn Iterator<Item = &KeyValue>> {
+            Box::new(
+                Self::versions_of(keys, &req.range).filter_map(|(_, v)| Self::value_at(v, None)),
+            )
+        };
+        if !self.created.ensure(prefix, live) {
+            return None;
+        }
+        let answer = self.created.read(
+            prefix,
+            order,
+            limit,
+            bound(req.min_create_revision),
+            bound(req.max_create_revision),
+        );
+        let kvs = answer
+            .keys
+            .iter()
+            .map(|(_, key)| self.current(key).cloned().expect("an indexed key is live"))
+            .collect();
+        Some(GetResponse::new(header, kvs).with_count(answer.count, answer.more))
+    }
+
     /// Reads a key or a prefix.
     pub fn get(&mut self, now: Instant, req: &GetRequest) -> Result<GetResponse> {
         self.expire(now);
         if let Some(rev) = req.revision {
             self.check_read_revision(rev)?;
         }
-        Ok(self.range(req, self.revision))
+        let header = self.revision;
+        Ok(self.range(req, header))
     }
 
     // ---- writes ------------------------------------------------------------------------
@@ -352,6 +413,9 @@ impl State {
         if let Some(l) = self.leases.get_mut(&lease) {
             l.keys.insert(req.key.clone());
         }
+        if prev.is_none() {
+            self.created.created(&req.key, p.revision);
+        }
         let kv = KeyValue {
             key: req.key.clone(),
             value: req.value.clone(),
@@ -377,6 +441,7 @@ impl State {
         if let Some(l) = self.leases.get_mut(&prev.lease) {
             l.keys.remove(key);
         }
+        self.created.deleted(key, prev.create_revision);
         self.keys
             .get_mut(key)
             .expect("a live key has a history")
@@ -567,7 +632,10 @@ impl State {
         let mut responses = Vec::with_capacity(branch.len());
         for op in branch {
             responses.push(match op {
-                TxnOp::Get(get) => TxnOpResponse::Get(self.range(get, self.seen_revision(&p))),
+                TxnOp::Get(get) => {
+                    let header = self.seen_revision(&p);
+                    TxnOpResponse::Get(self.range(get, header))
+                }
                 TxnOp::Put(put) => TxnOpResponse::Put(self.apply_put(&mut p, put)),
                 TxnOp::Delete(del) => TxnOpResponse::Delete(self.apply_delete(&mut p, del)),
             });
@@ -878,4 +946,13 @@ impl State {
         }
         Ok(())
     }
+}
+
+/// The first key after every key that starts with `prefix` (etcd's range end for a prefix),
+/// `None` when no key is (the prefix is empty or all 0xff): the range then runs to the end.
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let last = prefix.iter().rposition(|b| *b < 0xff)?;
+    let mut end = prefix[..=last].to_vec();
+    end[last] += 1;
+    Some(end)
 }
