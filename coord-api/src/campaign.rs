@@ -502,13 +502,22 @@ pub(crate) async fn resign<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderK
     Ok(())
 }
 
+/// The read of an election's oldest candidate (its leader), as etcd's Go client makes it
+/// (`WithFirstCreate`): sorted by create revision, limit 1, so a queue of thousands costs
+/// one key, not the queue.
+pub(crate) fn oldest_candidate(name: &str) -> GetRequest {
+    GetRequest::prefix(prefix_of(name))
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
+}
+
 fn first_created(kvs: Vec<KeyValue>) -> Option<KeyValue> {
-    kvs.into_iter().min_by_key(|kv| kv.create_revision)
+    kvs.into_iter().next()
 }
 
 pub(crate) async fn leader<S: KvLeaseStore + ?Sized>(store: &S, name: &str) -> Result<KeyValue> {
     validate::election_name(name)?;
-    let resp = store.get(GetRequest::prefix(prefix_of(name))).await?;
+    let resp = store.get(oldest_candidate(name)).await?;
     first_created(resp.kvs).ok_or_else(|| Error::NoLeader {
         election: name.to_owned(),
     })
@@ -517,13 +526,14 @@ pub(crate) async fn leader<S: KvLeaseStore + ?Sized>(store: &S, name: &str) -> R
 pub(crate) fn observe(store: Arc<DynKvLeaseStore>, name: &str) -> Result<LeaderStream> {
     validate::election_name(name)?;
     let prefix = prefix_of(name);
+    let oldest = oldest_candidate(name);
     let stream = async_stream::try_stream! {
         let mut backoff = retry::store_backoff(retry::seed(&[prefix.as_bytes()]));
         // (key, mod revision) of the last leader reported, so a re-read after a broken
         // watch does not report the same leader twice.
         let mut last: Option<(Bytes, Revision)> = None;
         loop {
-            let snapshot = match store.get(GetRequest::prefix(prefix.clone())).await {
+            let snapshot = match store.get(oldest.clone()).await {
                 Ok(s) => s,
                 Err(e) if e.is_retryable() => {
                     backoff.wait().await;

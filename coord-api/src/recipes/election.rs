@@ -172,8 +172,10 @@ impl Election {
         if self.seats > 1 {
             return self.try_seat(value, prefix, key, turn).await;
         }
-        // If no candidate exists, put ours; else read the queue. One transaction, so it cannot
-        // lose a race with another candidate (go-coord's TryCampaign could, and then blocked).
+        // If no candidate exists, put ours; else read the oldest candidate (as etcd's Go
+        // TryLock does: a queue of thousands costs one key, not the queue). One transaction,
+        // so it cannot lose a race with another candidate (go-coord's TryCampaign could, and
+        // then blocked).
         // The write owns the turn until it settles, as a campaign's does.
         let (written, _turn) = campaign::settled(
             self.store.clone(),
@@ -186,7 +188,7 @@ impl Election {
                     },
                 ])
                 .and_then([PutRequest::new(key.clone(), value.to_vec()).with_lease(lease)])
-                .or_else([GetRequest::prefix(prefix)]),
+                .or_else([campaign::oldest_candidate(&self.name)]),
             Some(turn),
         )
         .await;
@@ -218,7 +220,7 @@ impl Election {
                 .responses
                 .first()
                 .and_then(|r| r.as_get())
-                .and_then(|g| g.kvs.iter().min_by_key(|kv| kv.create_revision).cloned());
+                .and_then(|g| g.kvs.first().cloned());
             match first {
                 Some(kv) if kv.key == key.as_bytes() => LeaderKey {
                     name: self.name.clone(),
