@@ -766,13 +766,15 @@ impl Renewer {
             sent + self.every
         };
         let ch = self.channel.as_mut().expect("opened above");
+        // One timer: `answer_by` is the deadline when that comes first (a thousand sessions
+        // renew a thousand times a TTL; each timer costs).
         let result = tokio::select! {
             biased;
             _ = cancel.cancelled() => return Attempt::Ended(None),
-            _ = sleep_until(deadline), if deadline_counts => {
-                return self.expired("a renewal was outstanding");
-            }
             _ = sleep_until(answer_by) => {
+                if deadline_counts && Instant::now() >= deadline {
+                    return self.expired("a renewal was outstanding");
+                }
                 // A late answer on this channel could be mistaken for the next renewal's:
                 // drop it, and renew on a fresh one.
                 self.channel = None;
@@ -834,16 +836,18 @@ impl Renewer {
     /// is gone, or the deadline passes.
     async fn run(mut self, mut next: Instant, cancel: CancellationToken) {
         loop {
-            let deadline = self.inner.state().deadline;
+            let deadline = (!ignores_deadline()).then(|| self.inner.state().deadline);
+            // One timer, at the renewal or the deadline, whichever comes first.
+            let wake = deadline.map_or(next, |d| d.min(next));
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => return,
-                _ = sleep_until(deadline), if !ignores_deadline() => {
-                    self.expired("waiting to renew");
-                    return;
-                }
                 _ = self.inner.renew_now.notified() => {}
-                _ = sleep_until(next) => {}
+                _ = sleep_until(wake) => {}
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                self.expired("waiting to renew");
+                return;
             }
             match self.renew(&cancel, true).await {
                 Attempt::Renewed { sent } => {
