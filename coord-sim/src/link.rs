@@ -100,6 +100,10 @@ impl Link {
 
     /// Waits while the link is held.
     async fn pass_hold(&self) {
+        // Every request and reply passes here: no receiver unless there is a hold to wait out.
+        if !self.state().held {
+            return;
+        }
         let mut rx = self.subscribe();
         // The sender lives as long as the link, which outlives this call.
         let _ = rx.wait_for(|s| !s.held).await;
