@@ -131,7 +131,9 @@ pub enum ClusterEvent {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ClusterView {
     revision: Revision,
-    hosts: OrdMap<String, Bytes>,
+    /// Shared names: a change copies the map's node it lands in, and each of that node's
+    /// names is then a count bumped, not a string allocated.
+    hosts: OrdMap<Arc<str>, Bytes>,
 }
 
 /// A host that differs between two views: see [`ClusterView::changes_since`].
@@ -171,14 +173,14 @@ impl ClusterView {
 
     /// The hosts and their metadata, in host order.
     pub fn hosts(&self) -> impl Iterator<Item = (&str, &Bytes)> + '_ {
-        self.hosts.iter().map(|(h, m)| (h.as_str(), m))
+        self.hosts.iter().map(|(h, m)| (&**h, m))
     }
 
     /// The hosts and their metadata, as a map of their own.
     pub fn to_map(&self) -> BTreeMap<String, Bytes> {
         self.hosts
             .iter()
-            .map(|(h, m)| (h.clone(), m.clone()))
+            .map(|(h, m)| (h.to_string(), m.clone()))
             .collect()
     }
 
@@ -213,11 +215,11 @@ impl ClusterView {
     ) -> impl Iterator<Item = HostChange<'a>> + 'a {
         earlier.hosts.diff(&self.hosts).map(|d| match d {
             DiffItem::Add(h, m) | DiffItem::Update { new: (h, m), .. } => HostChange {
-                host: h.as_str(),
+                host: h,
                 metadata: Some(m),
             },
             DiffItem::Remove(h, _) => HostChange {
-                host: h.as_str(),
+                host: h,
                 metadata: None,
             },
         })
@@ -289,7 +291,7 @@ impl ClusterWatcher {
             .hosts
             .iter()
             .map(|(host, metadata)| ClusterEvent::HostUp {
-                host: host.clone(),
+                host: host.to_string(),
                 metadata: metadata.clone(),
                 revision,
             });
@@ -353,7 +355,7 @@ struct Worker {
 const MAX_COALESCED: usize = 256;
 
 /// A listing: revision and hosts.
-type Listing = (Revision, OrdMap<String, Bytes>);
+type Listing = (Revision, OrdMap<Arc<str>, Bytes>);
 
 /// Why a watch stopped being followed.
 enum Broken {
@@ -391,7 +393,7 @@ impl Worker {
         let hosts = r
             .kvs
             .iter()
-            .map(|kv| (self.host(&kv.key), kv.value.clone()))
+            .map(|kv| (Arc::from(self.host(&kv.key)), kv.value.clone()))
             .collect();
         Ok((r.revision, hosts))
     }
@@ -415,7 +417,7 @@ impl Worker {
         for (host, md) in &old.hosts {
             if !new.contains_key(host) {
                 out.push(ClusterEvent::HostDown {
-                    host: host.clone(),
+                    host: host.to_string(),
                     last_metadata: md.clone(),
                     revision,
                 });
@@ -424,12 +426,12 @@ impl Worker {
         for (host, md) in new {
             match old.hosts.get(host) {
                 None => out.push(ClusterEvent::HostUp {
-                    host: host.clone(),
+                    host: host.to_string(),
                     metadata: md.clone(),
                     revision,
                 }),
                 Some(prev) if prev != md => out.push(ClusterEvent::HostUpdated {
-                    host: host.clone(),
+                    host: host.to_string(),
                     metadata: md.clone(),
                     revision,
                 }),
@@ -679,7 +681,10 @@ impl Worker {
             self.view.revision = rev;
             match event.kind {
                 EventKind::Put => {
-                    let prev = self.view.hosts.insert(host.clone(), event.kv.value.clone());
+                    let prev = self
+                        .view
+                        .hosts
+                        .insert(Arc::from(host.as_str()), event.kv.value.clone());
                     match prev {
                         None => out.push(ClusterEvent::HostUp {
                             host,
@@ -695,7 +700,7 @@ impl Worker {
                     }
                 }
                 EventKind::Delete => {
-                    if let Some(last_metadata) = self.view.hosts.remove(&host) {
+                    if let Some(last_metadata) = self.view.hosts.remove(host.as_str()) {
                         out.push(ClusterEvent::HostDown {
                             host,
                             last_metadata,
