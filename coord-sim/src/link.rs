@@ -158,6 +158,15 @@ impl Link {
     /// stalls until the link flows again and only then dies, as a TCP connection across a
     /// partition does: its client learns of it when it is replaced.
     pub(crate) async fn wait_flowing(&self, generation: u64) -> std::result::Result<(), ()> {
+        // Every stream delivery passes here: no receiver unless there is a fault to wait out.
+        let now = self.state();
+        if now.flowing() {
+            return if now.generation == generation {
+                Ok(())
+            } else {
+                Err(())
+            };
+        }
         let mut rx = self.subscribe();
         match rx.wait_for(LinkState::flowing).await {
             Ok(s) if s.generation == generation => Ok(()),
