@@ -9,6 +9,10 @@
 //! Real etcd processes are started by the harness (Debian: etcd-server; etcdctl from
 //! etcd-client). Not timed tests: nothing here asserts a figure.
 
+// The simulations allocate as the chaos binary's do (see coord-chaos's `mimalloc` feature).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::fmt::Write as _;
 use std::process::Stdio;
 use std::sync::Arc;

@@ -7,6 +7,11 @@
 //! cargo run -p coord-chaos --bin chaos -- --help
 //! ```
 
+// See the feature's note in Cargo.toml.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
