@@ -68,9 +68,9 @@ impl Created {
         }
     }
 
-    /// The first `limit` live keys of an indexed `prefix` created within `[min, max]`
-    /// (`None`: unbounded), in create order, ties in key order either way (as the full
-    /// range's stable sort leaves them).
+    /// The first `limit` (at least one) live keys of an indexed `prefix` created within
+    /// `[min, max]` (`None`: unbounded), in create order, ties in key order either way (as
+    /// the full range's stable sort leaves them).
     pub(crate) fn read(
         &self,
         prefix: &Bytes,
@@ -79,6 +79,7 @@ impl Created {
         min: Option<Revision>,
         max: Option<Revision>,
     ) -> Answer {
+        debug_assert!(limit > 0, "a limit of 0 is no limit, read by walking");
         let keys = &self.prefixes[prefix];
         let count = keys.len() as u64;
         if min.zip(max).is_some_and(|(min, max)| min > max) {
