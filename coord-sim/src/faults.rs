@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::arrivals::land;
 use crate::clock::background;
 use crate::journal::Origin;
 use crate::store::SimStore;
@@ -89,6 +90,10 @@ impl SimStore {
         tokio::spawn(background(
             Arc::downgrade(&self.shared),
             self.shared.deadlines_changed.clone(),
+        ));
+        tokio::spawn(land(
+            Arc::downgrade(&self.shared),
+            self.shared.arrivals.clone(),
         ));
         self.restart(election_timeout);
     }

@@ -63,6 +63,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod arrivals;
 mod clock;
 mod config;
 mod created;

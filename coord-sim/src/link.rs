@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use coord_api::sync::watch;
+use tokio::time::Instant;
 
 /// The link's fault state; streams and calls wait on its changes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -113,15 +114,31 @@ impl Link {
     /// latency. Lost when the link is cut as it arrives.
     pub(crate) async fn request(&self, base: Duration) -> Leg {
         self.pass_hold().await;
-        let latency = base + Duration::from_nanos(self.latency_ns.load(Ordering::SeqCst));
+        let latency = self.request_latency(base);
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
+        self.arrived()
+    }
+
+    /// A request reaching the store now: lost when the link is cut.
+    pub(crate) fn arrived(&self) -> Leg {
         if self.state().cut {
             Leg::Lost
         } else {
             Leg::Delivered
         }
+    }
+
+    /// When a request sent now reaches the store, as [`request`](Self::request) would take
+    /// it there; `None` while the link is held (the request waits for the hold first). Whether
+    /// it is lost is for [`arrived`](Self::arrived) to tell then.
+    pub(crate) fn arrival(&self, base: Duration) -> Option<Instant> {
+        (!self.state().held).then(|| Instant::now() + self.request_latency(base))
+    }
+
+    fn request_latency(&self, base: Duration) -> Duration {
+        base + Duration::from_nanos(self.latency_ns.load(Ordering::SeqCst))
     }
 
     /// The reply's way back: held while the link is, then `base` plus the client's reply

@@ -14,6 +14,7 @@ use coord_api::{
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
+use crate::arrivals::{land, Arrivals};
 use crate::clock::background;
 use crate::config::SimConfig;
 use crate::journal::{Entry, Origin};
@@ -69,6 +70,8 @@ pub(crate) struct Shared {
     pub(crate) inner: Mutex<Inner>,
     /// Wakes the expiry task when a lease deadline may have moved earlier.
     pub(crate) deadlines_changed: Arc<Notify>,
+    /// The writes on their way here.
+    pub(crate) arrivals: Arc<Arrivals>,
     pub(crate) config: SimConfig,
     /// The next client id for [`SimStore::connect`].
     pub(crate) next_client: AtomicU64,
@@ -197,6 +200,7 @@ impl SimStore {
                 sinks: BTreeMap::new(),
             }),
             deadlines_changed: Arc::new(Notify::new()),
+            arrivals: Arc::default(),
             config,
             next_client: AtomicU64::new(1),
             down: AtomicBool::new(false),
@@ -208,6 +212,7 @@ impl SimStore {
             Arc::downgrade(&shared),
             shared.deadlines_changed.clone(),
         ));
+        tokio::spawn(land(Arc::downgrade(&shared), shared.arrivals.clone()));
         SimStore {
             shared,
             link: Arc::new(Link::new(0)),
@@ -260,9 +265,25 @@ impl SimStore {
         } else {
             let (tx, rx) = tokio::sync::oneshot::channel();
             let this = self.clone();
-            tokio::spawn(async move {
-                let _ = tx.send(this.deliver(operation, apply).await);
-            });
+            match self.link.arrival(self.shared.config.latency) {
+                // On the wire: it lands whether or not this caller still waits.
+                Some(at) => self.shared.arrivals.push(
+                    at,
+                    Box::new(move || {
+                        let landed = match this.link.arrived() {
+                            Leg::Lost => Delivery::Lost,
+                            Leg::Delivered => this.arrive(operation, apply),
+                        };
+                        let _ = tx.send(landed);
+                    }),
+                ),
+                // Held: it waits out the hold on its own, then goes the same way.
+                None => {
+                    tokio::spawn(async move {
+                        let _ = tx.send(this.deliver(operation, apply).await);
+                    });
+                }
+            }
             rx.await.unwrap_or(Delivery::Lost)
         };
         match arrived {
@@ -314,6 +335,15 @@ impl SimStore {
         if self.link.request(self.shared.config.latency).await == Leg::Lost {
             return Delivery::Lost;
         }
+        self.arrive(operation, apply)
+    }
+
+    /// A request that reached the store: refused by a crashed store, else applied.
+    fn arrive<T>(
+        &self,
+        operation: &'static str,
+        apply: impl FnOnce(&SimStore) -> Result<T>,
+    ) -> Delivery<T> {
         if self.is_down() {
             return Delivery::Refused(coord_api::Error::Unavailable {
                 backend: "sim",

@@ -1,0 +1,98 @@
+//! Writes on their way to the store: each lands at its arrival instant whether or not its
+//! caller still waits, as a request already on the wire does.
+//!
+//! One queue per store, ordered by arrival instant and then by send order, and one task that
+//! lands each arrival when its instant comes: a thousand simulated clients renewing and
+//! writing cost a queue entry each, not a task and a timer each.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::store::Shared;
+
+/// What lands: the request's application at the store (or its loss), with the reply sent
+/// to whoever still waits for it.
+pub(crate) type Arrival = Box<dyn FnOnce() + Send>;
+
+/// The writes in flight to one store. See the module docs.
+#[derive(Default)]
+pub(crate) struct Arrivals {
+    queue: Mutex<Queue>,
+    /// Wakes the landing task when an arrival earlier than all others is queued.
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// By arrival instant, then by send order.
+    due: BTreeMap<(Instant, u64), Arrival>,
+    sent: u64,
+}
+
+impl Arrivals {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // Nothing runs under the lock but the queue's own bookkeeping.
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `arrival` to land at `at`.
+    pub(crate) fn push(&self, at: Instant, arrival: Arrival) {
+        let earliest = {
+            let mut q = self.lock();
+            q.sent += 1;
+            let seq = q.sent;
+            q.due.insert((at, seq), arrival);
+            q.due.first_key_value().is_some_and(|(k, _)| k.1 == seq)
+        };
+        if earliest {
+            // `notify_one` leaves a permit when the task is not waiting yet, so an arrival
+            // queued between its look at the queue and its wait still wakes it.
+            self.wake.notify_one();
+        }
+    }
+
+    fn next(&self) -> Option<Instant> {
+        self.lock().due.first_key_value().map(|(k, _)| k.0)
+    }
+
+    /// Takes the first arrival due at `now`, if any.
+    fn take_due(&self, now: Instant) -> Option<Arrival> {
+        let mut q = self.lock();
+        let first = q.due.first_key_value().map(|(k, _)| *k)?;
+        (first.0 <= now).then(|| q.due.remove(&first).expect("just seen"))
+    }
+}
+
+impl std::fmt::Debug for Arrivals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Arrivals")
+            .field("in_flight", &self.lock().due.len())
+            .finish()
+    }
+}
+
+/// Lands each arrival at its instant, in order, until the store is gone. Each lands outside
+/// the queue's lock (landing takes the store's).
+pub(crate) async fn land(shared: Weak<Shared>, arrivals: Arc<Arrivals>) {
+    loop {
+        if shared.strong_count() == 0 {
+            return;
+        }
+        match arrivals.next() {
+            Some(at) => {
+                tokio::select! {
+                    biased;
+                    _ = arrivals.wake.notified() => {}
+                    _ = tokio::time::sleep_until(at) => {}
+                }
+            }
+            None => arrivals.wake.notified().await,
+        }
+        while let Some(arrival) = arrivals.take_due(Instant::now()) {
+            arrival();
+        }
+    }
+}
