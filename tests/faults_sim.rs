@@ -492,3 +492,65 @@ async fn a_host_that_registers_and_leads_holds_one_lease() {
         Err(Error::LeaseNotFound { .. })
     ));
 }
+
+/// A write is on the wire once sent: it lands at its arrival instant whether or not its
+/// caller still waits, in send order; one arriving over a cut link is lost; one sent while the
+/// link is held leaves when the hold ends.
+#[tokio::test(start_paused = true)]
+async fn an_abandoned_write_lands_at_its_arrival() {
+    let sim = SimStore::new();
+    let client = sim.connect();
+    let latency = Duration::from_millis(100);
+    client.set_latency(latency);
+    // Sends `value` for "k" and stops waiting for it at once.
+    let abandon = |value: &'static str| {
+        let c = client.clone();
+        let put = tokio::spawn(async move { c.put(PutRequest::new("k", value)).await });
+        async move {
+            // Let it leave, then walk away.
+            tokio::task::yield_now().await;
+            put.abort();
+        }
+    };
+    let value = || async {
+        sim.get_key("k")
+            .await
+            .unwrap()
+            .map(|kv| (kv.value, kv.version))
+    };
+
+    let sent = Instant::now();
+    abandon("a").await;
+    abandon("b").await;
+    tokio::time::sleep_until(sent + latency / 2).await;
+    assert_eq!(value().await, None, "not there before its arrival");
+    tokio::time::sleep_until(sent + latency).await;
+    tokio::task::yield_now().await;
+    assert_eq!(
+        value().await,
+        Some((Bytes::from("b"), 2)),
+        "both landed at their arrival, in send order"
+    );
+
+    client.partition();
+    abandon("c").await;
+    tokio::time::sleep(latency * 3).await;
+    client.repair();
+    assert_eq!(
+        value().await,
+        Some((Bytes::from("b"), 2)),
+        "lost on the cut link"
+    );
+
+    client.hold();
+    abandon("d").await;
+    tokio::time::sleep(latency * 3).await;
+    assert_eq!(value().await, Some((Bytes::from("b"), 2)), "held");
+    client.release();
+    tokio::time::sleep(latency * 2).await;
+    assert_eq!(
+        value().await,
+        Some((Bytes::from("d"), 3)),
+        "left when the hold ended and landed"
+    );
+}
