@@ -554,3 +554,36 @@ async fn an_abandoned_write_lands_at_its_arrival() {
         "left when the hold ended and landed"
     );
 }
+
+/// A lost reply is one a caller waits for: the reply of a write whose caller walked away
+/// (on the arrival queue, or waiting out a hold) does not use it up, and the next awaited
+/// write loses its reply.
+#[tokio::test(start_paused = true)]
+async fn a_lost_reply_goes_to_a_caller_still_waiting() {
+    let sim = SimStore::new();
+    let client = sim.connect();
+    client.set_latency(Duration::from_millis(100));
+    client.lose_replies(1);
+    for held in [false, true] {
+        if held {
+            client.hold();
+        }
+        let c = client.clone();
+        let put = tokio::spawn(async move { c.put(PutRequest::new("k", "walked away")).await });
+        tokio::task::yield_now().await;
+        put.abort();
+        if held {
+            client.release();
+        }
+        // Its reply has come back by now, to nobody.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            sim.get_key("k").await.unwrap().unwrap().value,
+            "walked away".as_bytes(),
+            "applied (held: {held})"
+        );
+    }
+    let err = client.put(PutRequest::new("k", "v")).await.unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Indeterminate, "{err:?}");
+    client.put_value("k", "w").await.unwrap();
+}

@@ -145,11 +145,30 @@ impl Link {
     /// latency. Lost when the link is cut or deaf as it arrives, or when a lost reply is due
     /// (writes only).
     pub(crate) async fn reply(&self, base: Duration, write: bool) -> Leg {
+        self.reply_way(base).await;
+        self.replied(write)
+    }
+
+    /// The reply's way back up to its arrival: held while the link is, then `base` plus the
+    /// client's reply latency.
+    pub(crate) async fn reply_way(&self, base: Duration) {
         self.pass_hold().await;
-        let latency = base + Duration::from_nanos(self.reply_latency_ns.load(Ordering::SeqCst));
+        let latency = base + self.reply_latency();
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
+    }
+
+    /// When a reply sent now reaches the client, as [`reply`](Self::reply) would take it
+    /// there; `None` while the link is held. Whether it is lost is for
+    /// [`replied`](Self::replied) to tell then.
+    pub(crate) fn reply_arrival(&self, base: Duration) -> Option<Instant> {
+        (!self.state().held).then(|| Instant::now() + base + self.reply_latency())
+    }
+
+    /// A reply reaching the client now: lost when the link is cut or deaf, or when a lost
+    /// reply is due (writes only).
+    pub(crate) fn replied(&self, write: bool) -> Leg {
         let s = self.state();
         if s.cut || s.deaf || (write && self.take_lost_reply()) {
             Leg::Lost

@@ -44,6 +44,14 @@ enum Delivery<T> {
     Refused(coord_api::Error),
 }
 
+/// What came back to the caller.
+enum Answer<T> {
+    Replied(Result<T>),
+    /// The request or its reply: the caller waits out its timeout.
+    Lost,
+    Refused(coord_api::Error),
+}
+
 /// Receives the store's journal (see [`SimStore::on_journal`]).
 pub(crate) struct JournalSink(Box<dyn Fn(Instant, Entry) + Send + Sync>);
 
@@ -260,13 +268,24 @@ impl SimStore {
         apply: impl FnOnce(&SimStore) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         let sent = Instant::now();
-        let arrived = if kind == Call::Read {
-            self.deliver(operation, apply).await
+        let answer = if kind == Call::Read {
+            match self.deliver(operation, apply).await {
+                Delivery::Applied(result) => {
+                    let base = self.shared.config.latency;
+                    match self.link.reply(base, false).await {
+                        Leg::Delivered => Answer::Replied(result),
+                        Leg::Lost => Answer::Lost,
+                    }
+                }
+                Delivery::Lost => Answer::Lost,
+                Delivery::Refused(e) => Answer::Refused(e),
+            }
         } else {
             let (tx, rx) = tokio::sync::oneshot::channel();
             let this = self.clone();
             match self.link.arrival(self.shared.config.latency) {
-                // On the wire: it lands whether or not this caller still waits.
+                // On the wire: it lands whether or not this caller still waits, and its reply
+                // comes back on the same queue, one wake-up for the caller in all.
                 Some(at) => self.shared.arrivals.push(
                     at,
                     Box::new(move || {
@@ -274,30 +293,31 @@ impl SimStore {
                             Leg::Lost => Delivery::Lost,
                             Leg::Delivered => this.arrive(operation, apply),
                         };
-                        let _ = tx.send(landed);
+                        this.answer(landed, kind, tx);
                     }),
                 ),
                 // Held: it waits out the hold on its own, then goes the same way.
                 None => {
                     tokio::spawn(async move {
-                        let _ = tx.send(this.deliver(operation, apply).await);
+                        let landed = this.deliver(operation, apply).await;
+                        this.answer(landed, kind, tx);
                     });
                 }
             }
-            rx.await.unwrap_or(Delivery::Lost)
+            rx.await.unwrap_or(Answer::Lost)
         };
-        match arrived {
-            Delivery::Refused(e) => return Err(e),
-            Delivery::Applied(result) => {
-                // Between the store applying a request and its caller learning of it, let
-                // other tasks run when a simulation explores schedules.
-                coord_api::sync::explore::point().await;
-                let base = self.shared.config.latency;
-                if self.link.reply(base, kind == Call::Write).await == Leg::Delivered {
-                    return result;
+        match answer {
+            Answer::Refused(e) => return Err(e),
+            Answer::Replied(result) => {
+                // Between the caller learning of the outcome and acting on it, let other tasks
+                // run when a simulation explores schedules. (A session's renewer has its point
+                // there already: one per renewal, the thousand a second at scale.)
+                if kind != Call::Renew {
+                    coord_api::sync::explore::point().await;
                 }
+                return result;
             }
-            Delivery::Lost => {}
+            Answer::Lost => {}
         }
         tokio::time::sleep_until(sent + self.shared.config.request_timeout).await;
         let write = kind == Call::Write;
@@ -324,6 +344,57 @@ impl SimStore {
                 source,
             }
         })
+    }
+
+    /// Sends a write's or renewal's outcome back to its caller: a refusal at once, an applied
+    /// one over the reply's way (on the arrival queue unless the link is held), nothing for a
+    /// lost request.
+    fn answer<T: Send + 'static>(
+        &self,
+        landed: Delivery<T>,
+        kind: Call,
+        tx: tokio::sync::oneshot::Sender<Answer<T>>,
+    ) {
+        let result = match landed {
+            Delivery::Applied(result) => result,
+            Delivery::Lost => return,
+            Delivery::Refused(e) => {
+                let _ = tx.send(Answer::Refused(e));
+                return;
+            }
+        };
+        let base = self.shared.config.latency;
+        let write = kind == Call::Write;
+        let this = self.clone();
+        match self.link.reply_arrival(base) {
+            Some(at) => self
+                .shared
+                .arrivals
+                .push(at, Box::new(move || this.replied(result, write, tx))),
+            None => {
+                tokio::spawn(async move {
+                    this.link.reply_way(base).await;
+                    this.replied(result, write, tx);
+                });
+            }
+        }
+    }
+
+    /// A reply reaching its caller now, unless the link loses it.
+    fn replied<T>(
+        &self,
+        result: Result<T>,
+        write: bool,
+        tx: tokio::sync::oneshot::Sender<Answer<T>>,
+    ) {
+        // A reply nobody waits for any more takes no lost reply from the link.
+        if tx.is_closed() {
+            return;
+        }
+        let _ = tx.send(match self.link.replied(write) {
+            Leg::Delivered => Answer::Replied(result),
+            Leg::Lost => Answer::Lost,
+        });
     }
 
     /// A request's way to the store, and its application there if it arrives.

@@ -789,6 +789,9 @@ impl Renewer {
         };
         match result {
             Ok(ttl) => {
+                // The renewal is acknowledged and not yet published: let other tasks run here
+                // when a simulation explores schedules.
+                crate::sync::explore::point().await;
                 let now = Instant::now();
                 let from = if crate::planted::enabled(crate::planted::Bug::SessionDeadlineFromReply)
                 {
@@ -805,7 +808,6 @@ impl Renewer {
                 self.inner.renewed.notify_waiters();
                 tracing::trace!(ttl_ms = ttl.as_millis() as u64, "renewed");
                 crate::metrics::record::renewed(now - sent);
-                crate::sync::explore::point().await;
                 Attempt::Renewed { sent }
             }
             Err(e @ Error::LeaseNotFound { .. }) => {
