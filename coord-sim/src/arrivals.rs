@@ -5,7 +5,8 @@
 //! lands each arrival when its instant comes: a thousand simulated clients renewing and
 //! writing cost a queue entry each, not a task and a timer each.
 
-use std::collections::BTreeMap;
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use tokio::sync::Notify;
@@ -27,9 +28,37 @@ pub(crate) struct Arrivals {
 
 #[derive(Default)]
 struct Queue {
-    /// By arrival instant, then by send order.
-    due: BTreeMap<(Instant, u64), Arrival>,
+    /// Earliest first: by arrival instant, then by send order.
+    due: BinaryHeap<Reverse<Queued>>,
     sent: u64,
+}
+
+/// One arrival, ordered by when it lands.
+struct Queued {
+    at: Instant,
+    seq: u64,
+    arrival: Arrival,
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Queued {}
+
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Queued {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // Send order is unique, so no two arrivals are equal.
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
 }
 
 impl Arrivals {
@@ -44,8 +73,8 @@ impl Arrivals {
             let mut q = self.lock();
             q.sent += 1;
             let seq = q.sent;
-            q.due.insert((at, seq), arrival);
-            q.due.first_key_value().is_some_and(|(k, _)| k.1 == seq)
+            q.due.push(Reverse(Queued { at, seq, arrival }));
+            q.due.peek().is_some_and(|first| first.0.seq == seq)
         };
         if earliest {
             // `notify_one` leaves a permit when the task is not waiting yet, so an arrival
@@ -55,14 +84,16 @@ impl Arrivals {
     }
 
     fn next(&self) -> Option<Instant> {
-        self.lock().due.first_key_value().map(|(k, _)| k.0)
+        self.lock().due.peek().map(|first| first.0.at)
     }
 
     /// Takes the first arrival due at `now`, if any.
     fn take_due(&self, now: Instant) -> Option<Arrival> {
         let mut q = self.lock();
-        let first = q.due.first_key_value().map(|(k, _)| *k)?;
-        (first.0 <= now).then(|| q.due.remove(&first).expect("just seen"))
+        if q.due.peek()?.0.at > now {
+            return None;
+        }
+        q.due.pop().map(|first| first.0.arrival)
     }
 }
 
