@@ -128,12 +128,40 @@ pub enum ClusterEvent {
 /// A view is a snapshot: it never changes once published. Views share their structure, so
 /// taking one is cheap whatever the cluster's size, and [`changes_since`](Self::changes_since)
 /// finds what changed between two views of one watcher without walking what did not.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Clone, Default)]
 pub struct ClusterView {
     revision: Revision,
     /// Shared names: a change copies the map's node it lands in, and each of that node's
     /// names is then a count bumped, not a string allocated.
     hosts: OrdMap<Arc<str>, Bytes>,
+    /// How the watcher came to this view from the one it published before, when it knows.
+    step: Option<Arc<Step>>,
+}
+
+/// The hosts map of the view a watcher published before, and the hosts it wrote since: what
+/// [`ClusterView::changes_since`] needs to answer for that view without walking both maps.
+struct Step {
+    from: OrdMap<Arc<str>, Bytes>,
+    /// Sorted, each once.
+    hosts: Vec<String>,
+}
+
+impl PartialEq for ClusterView {
+    fn eq(&self, other: &Self) -> bool {
+        // How a view was reached is not part of it.
+        self.revision == other.revision && self.hosts == other.hosts
+    }
+}
+
+impl Eq for ClusterView {}
+
+impl std::fmt::Debug for ClusterView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterView")
+            .field("revision", &self.revision)
+            .field("hosts", &self.hosts)
+            .finish()
+    }
 }
 
 /// A host that differs between two views: see [`ClusterView::changes_since`].
@@ -213,7 +241,37 @@ impl ClusterView {
         &'a self,
         earlier: &'a ClusterView,
     ) -> impl Iterator<Item = HostChange<'a>> + 'a {
-        earlier.hosts.diff(&self.hosts).map(|d| match d {
+        match self.step.as_deref() {
+            // `earlier` is the view the watcher published just before this one: the hosts it
+            // wrote since are all that can differ (a walk of both maps still visits every
+            // node on the edge of what they share, for each change).
+            Some(step) if step.from.ptr_eq(&earlier.hosts) => {
+                let stepped = step.hosts.iter().filter_map(move |h| {
+                    let now = self.hosts.get_key_value(h.as_str());
+                    let before = earlier.hosts.get_key_value(h.as_str());
+                    (now.map(|(_, m)| m) != before.map(|(_, m)| m)).then(|| HostChange {
+                        host: now
+                            .or(before)
+                            .map(|(h, _)| &**h)
+                            .expect("in one of the two"),
+                        metadata: now.map(|(_, m)| m),
+                    })
+                });
+                debug_assert!(
+                    stepped.clone().eq(Self::walk(&earlier.hosts, &self.hosts)),
+                    "the watcher's step agrees with the walk"
+                );
+                Changes::Stepped(stepped)
+            }
+            _ => Changes::Walked(Self::walk(&earlier.hosts, &self.hosts)),
+        }
+    }
+
+    fn walk<'a>(
+        earlier: &'a OrdMap<Arc<str>, Bytes>,
+        later: &'a OrdMap<Arc<str>, Bytes>,
+    ) -> impl Iterator<Item = HostChange<'a>> + 'a {
+        earlier.diff(later).map(|d| match d {
             DiffItem::Add(h, m) | DiffItem::Update { new: (h, m), .. } => HostChange {
                 host: h,
                 metadata: Some(m),
@@ -223,6 +281,27 @@ impl ClusterView {
                 metadata: None,
             },
         })
+    }
+}
+
+/// [`ClusterView::changes_since`]'s answer, from the watcher's step or from a walk.
+enum Changes<S, W> {
+    Stepped(S),
+    Walked(W),
+}
+
+impl<'a, S, W> Iterator for Changes<S, W>
+where
+    S: Iterator<Item = HostChange<'a>>,
+    W: Iterator<Item = HostChange<'a>>,
+{
+    type Item = HostChange<'a>;
+
+    fn next(&mut self) -> Option<HostChange<'a>> {
+        match self {
+            Changes::Stepped(s) => s.next(),
+            Changes::Walked(w) => w.next(),
+        }
     }
 }
 
@@ -276,6 +355,8 @@ impl ClusterWatcher {
             config,
             view: ClusterView::default(),
             view_tx,
+            published: None,
+            written: None,
             tx,
             backlog: Vec::new(),
             backoff: retry::store_backoff(seed),
@@ -284,7 +365,11 @@ impl ClusterWatcher {
         // that do not fit the buffer are emitted by the task once the caller holds the
         // receiver (waiting for room here would never end: nobody reads yet).
         let (revision, hosts) = w.list().await?;
-        w.view = ClusterView { revision, hosts };
+        w.view = ClusterView {
+            revision,
+            hosts,
+            step: None,
+        };
         w.publish();
         let mut first = w
             .view
@@ -344,6 +429,10 @@ struct Worker {
     config: ClusterWatcherConfig,
     view: ClusterView,
     view_tx: watch::Sender<Arc<ClusterView>>,
+    /// The hosts map last published, and the hosts written since (`None` once the map was
+    /// replaced whole): each published view's [`Step`].
+    published: Option<OrdMap<Arc<str>, Bytes>>,
+    written: Option<Vec<String>>,
     tx: mpsc::Sender<ClusterEvent>,
     /// The first listing's events that did not fit the buffer at start.
     backlog: Vec<ClusterEvent>,
@@ -404,14 +493,30 @@ impl Worker {
         let _ = self.tx.send(e).await;
     }
 
-    fn publish(&self) {
+    fn publish(&mut self) {
         crate::metrics::record::watcher_hosts(&self.config.prefix, self.view.hosts.len());
-        self.view_tx.send_replace(Arc::new(self.view.clone()));
+        let mut view = self.view.clone();
+        if let (Some(from), Some(mut hosts)) = (self.published.take(), self.written.take()) {
+            hosts.sort_unstable();
+            hosts.dedup();
+            view.step = Some(Arc::new(Step { from, hosts }));
+        }
+        self.published = Some(self.view.hosts.clone());
+        self.written = Some(Vec::new());
+        self.view_tx.send_replace(Arc::new(view));
     }
 
     /// Adopts a listing, then emits the difference between the old view and it.
     async fn apply_listing(&mut self, (revision, hosts): Listing) {
-        let old = std::mem::replace(&mut self.view, ClusterView { revision, hosts });
+        let old = std::mem::replace(
+            &mut self.view,
+            ClusterView {
+                revision,
+                hosts,
+                step: None,
+            },
+        );
+        self.written = None;
         let new = &self.view.hosts;
         let mut out = Vec::new();
         for (host, md) in &old.hosts {
@@ -679,6 +784,9 @@ impl Worker {
             }
             let host = self.host(&event.kv.key);
             self.view.revision = rev;
+            if let Some(written) = &mut self.written {
+                written.push(host.clone());
+            }
             match event.kind {
                 EventKind::Put => {
                     let prev = self

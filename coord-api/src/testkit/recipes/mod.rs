@@ -58,6 +58,7 @@ macro_rules! recipe_tests {
             watcher::watcher_starts_on_more_hosts_than_its_buffer,
             watcher::watcher_view_already_holds_each_event_it_emits,
             watcher::watcher_view_already_holds_each_event_of_a_relist,
+            watcher::watcher_views_tell_what_changed_between_them,
             election::campaign_cancelled_by_a_timeout_says_so_and_leaves_no_key,
             election::a_crashed_leaders_successor_wins_within_one_ttl,
             election::no_phantom_leadership_when_the_candidates_lease_dies_while_waiting,

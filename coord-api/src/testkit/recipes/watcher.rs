@@ -265,3 +265,84 @@ pub async fn watcher_view_already_holds_each_event_of_a_relist(fx: &dyn Fixture)
     )
     .await;
 }
+
+/// `changes_since` between each view and the one before it, and between the first and the
+/// last, says what a comparison of the two views' hosts says: hosts up, updated, gone, in
+/// host order; a write that changes nothing (the same metadata again) is no change.
+pub async fn watcher_views_tell_what_changed_between_them(fx: &dyn Fixture) {
+    let store = fx.store();
+    store.put_value("c/a", "1").await.unwrap();
+    let w = ClusterWatcher::start(store.clone(), ClusterWatcherConfig::new("c/"))
+        .await
+        .unwrap();
+    let mut views = vec![w.view()];
+    let writes: [(&str, Option<&str>); 7] = [
+        ("c/b", Some("1")),
+        ("c/a", Some("2")),
+        ("c/b", None),
+        ("c/c", Some("1")),
+        ("c/c", Some("1")),
+        ("c/b", Some("3")),
+        ("c/a", None),
+    ];
+    for (key, value) in writes {
+        let revision = match value {
+            Some(v) => store.put_value(key, v).await.unwrap(),
+            None => {
+                store
+                    .delete(crate::DeleteRequest::key(key))
+                    .await
+                    .unwrap()
+                    .revision
+            }
+        };
+        let mut sub = w.subscribe_view();
+        let view = within(prompt(fx), "the view to reach the write", async {
+            loop {
+                let v = sub.get_and_update();
+                if v.revision() >= revision {
+                    return v;
+                }
+                sub.changed().await.unwrap();
+            }
+        })
+        .await;
+        views.push(view);
+    }
+    let told = |later: &crate::recipes::ClusterView, earlier: &crate::recipes::ClusterView| {
+        later
+            .changes_since(earlier)
+            .map(|c| (c.host.to_owned(), c.metadata.cloned()))
+            .collect::<Vec<_>>()
+    };
+    let compared = |later: &crate::recipes::ClusterView, earlier: &crate::recipes::ClusterView| {
+        let (l, e) = (later.to_map(), earlier.to_map());
+        let hosts: std::collections::BTreeSet<&String> = l.keys().chain(e.keys()).collect();
+        hosts
+            .into_iter()
+            .filter(|h| l.get(*h) != e.get(*h))
+            .map(|h| (h.clone(), l.get(h).cloned()))
+            .collect::<Vec<_>>()
+    };
+    for pair in views.windows(2) {
+        assert_eq!(
+            told(&pair[1], &pair[0]),
+            compared(&pair[1], &pair[0]),
+            "from revision {} to {}",
+            pair[0].revision(),
+            pair[1].revision()
+        );
+    }
+    let (first, last) = (&views[0], &views[views.len() - 1]);
+    assert_eq!(told(last, first), compared(last, first), "first to last");
+    assert_eq!(
+        told(last, first),
+        vec![
+            ("a".to_owned(), None),
+            ("b".to_owned(), Some(Bytes::from("3"))),
+            ("c".to_owned(), Some(Bytes::from("1"))),
+        ]
+    );
+    assert_eq!(told(first, last), compared(first, last), "last to first");
+    w.stop().await;
+}
