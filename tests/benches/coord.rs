@@ -547,7 +547,7 @@ fn keep_alive_economy(r: &mut Report) {
 
 fn simulator_speed(r: &mut Report) {
     r.section("Simulator speed (one thread)");
-    r.line("The chaos scenario without faults: every node registers, campaigns in 2 elections, takes the shared Mutex and a permit of the shared Semaphore now and then, and acts every TTL/4; 2 watchers; over turmoil one etcd member. Simulated seconds per wall second, simulation alone (the checkers not included).\n");
+    r.line("The chaos scenario without faults: every node registers, campaigns in 2 elections, takes the shared Mutex and a permit of the shared Semaphore now and then, and acts every TTL/4; 2 watchers; over turmoil one etcd member. Simulated seconds per wall second, simulation alone (the checkers not included); in-process the median of three runs, over turmoil one run.\n");
     r.line("| hosts | in-process (simulated s) | over turmoil (EtcdStore, tonic, h2), 10 ms step (the default) | over turmoil, 20 ms step |");
     r.line("|---|---|---|---|");
     // Shorter runs for more hosts: the figure is a rate. At 1,000 hosts the start (every node
@@ -608,13 +608,20 @@ fn simulator_speed(r: &mut Report) {
     }
 }
 
-/// Wall seconds one in-process simulation of `s` takes (seed 1), checkers not included.
+/// Wall seconds an in-process simulation of `s` takes (seed 1), checkers not included: the
+/// median of three runs, as a shared machine's single runs swing by half.
 fn simulated_wall(s: &Scenario) -> f64 {
-    let t = Instant::now();
-    let h = simulate(s, 1, &[]);
-    let wall = t.elapsed().as_secs_f64();
-    assert!(!h.records.is_empty());
-    wall
+    let mut walls: Vec<f64> = (0..3)
+        .map(|_| {
+            let t = Instant::now();
+            let h = simulate(s, 1, &[]);
+            let wall = t.elapsed().as_secs_f64();
+            assert!(!h.records.is_empty());
+            wall
+        })
+        .collect();
+    walls.sort_by(f64::total_cmp);
+    walls[1]
 }
 
 fn machine() -> String {
