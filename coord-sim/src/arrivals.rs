@@ -1,9 +1,10 @@
-//! Writes on their way to the store: each lands at its arrival instant whether or not its
-//! caller still waits, as a request already on the wire does.
+//! Writes on their way to the store, and their replies on the way back: each write lands at
+//! its arrival instant whether or not its caller still waits, as a request already on the
+//! wire does, and its reply reaches the caller at its own.
 //!
 //! One queue per store, ordered by arrival instant and then by send order, and one task that
 //! lands each arrival when its instant comes: a thousand simulated clients renewing and
-//! writing cost a queue entry each, not a task and a timer each.
+//! writing cost a queue entry each way, not a task and a timer each.
 
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;

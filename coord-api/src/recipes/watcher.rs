@@ -236,7 +236,8 @@ impl ClusterView {
 
     /// The hosts that differ from `earlier`: up in this view and not in `earlier`, gone from
     /// it, or with other metadata. In host order. Cheap between views of one watcher (they
-    /// share what did not change); any two views work.
+    /// share what did not change), cheapest between a view and the one the watcher published
+    /// just before it (the cost of the hosts written in between); any two views work.
     pub fn changes_since<'a>(
         &'a self,
         earlier: &'a ClusterView,
