@@ -52,6 +52,16 @@ enum Answer<T> {
     Refused(coord_api::Error),
 }
 
+impl<T> Answer<T> {
+    /// What the caller gets of `result` once its reply took the way back `leg`.
+    fn over(leg: Leg, result: Result<T>) -> Self {
+        match leg {
+            Leg::Delivered => Answer::Replied(result),
+            Leg::Lost => Answer::Lost,
+        }
+    }
+}
+
 /// Receives the store's journal (see [`SimStore::on_journal`]).
 pub(crate) struct JournalSink(Box<dyn Fn(Instant, Entry) + Send + Sync>);
 
@@ -78,7 +88,7 @@ pub(crate) struct Shared {
     pub(crate) inner: Mutex<Inner>,
     /// Wakes the expiry task when a lease deadline may have moved earlier.
     pub(crate) deadlines_changed: Arc<Notify>,
-    /// The writes on their way here.
+    /// The writes on their way here, and their replies on the way back.
     pub(crate) arrivals: Arc<Arrivals>,
     pub(crate) config: SimConfig,
     /// The next client id for [`SimStore::connect`].
@@ -272,10 +282,7 @@ impl SimStore {
             match self.deliver(operation, apply).await {
                 Delivery::Applied(result) => {
                     let base = self.shared.config.latency;
-                    match self.link.reply(base, false).await {
-                        Leg::Delivered => Answer::Replied(result),
-                        Leg::Lost => Answer::Lost,
-                    }
+                    Answer::over(self.link.reply(base, false).await, result)
                 }
                 Delivery::Lost => Answer::Lost,
                 Delivery::Refused(e) => Answer::Refused(e),
@@ -391,10 +398,7 @@ impl SimStore {
         if tx.is_closed() {
             return;
         }
-        let _ = tx.send(match self.link.replied(write) {
-            Leg::Delivered => Answer::Replied(result),
-            Leg::Lost => Answer::Lost,
-        });
+        let _ = tx.send(Answer::over(self.link.replied(write), result));
     }
 
     /// A request's way to the store, and its application there if it arrives.

@@ -629,8 +629,8 @@ impl Service for Stamped {
 /// The rate (simulated seconds a wall second) between the 10th and the 110th simulated second
 /// of `s`, and the wall time before the 10th less 10 s at that rate: the median of three runs.
 fn steady_rate(s: &Scenario) -> (f64, f64) {
-    let mut runs: Vec<(f64, f64)> = (0..3)
-        .map(|_| {
+    median_of_three(
+        || {
             let stamped = Arc::new(Stamped {
                 at: vec![Duration::from_secs(10), Duration::from_secs(110)],
                 stamps: Arc::default(),
@@ -644,26 +644,31 @@ fn steady_rate(s: &Scenario) -> (f64, f64) {
             };
             let rate = 100.0 / (hundred_ten - ten).as_secs_f64();
             (rate, (ten - launched).as_secs_f64() - 10.0 / rate)
-        })
-        .collect();
-    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-    runs[1]
+        },
+        |run| run.0,
+    )
+}
+
+/// The run of three whose `key` is the median: a shared machine's single runs swing by half.
+fn median_of_three<T>(run: impl FnMut() -> T, key: impl Fn(&T) -> f64) -> T {
+    let mut runs: Vec<T> = std::iter::repeat_with(run).take(3).collect();
+    runs.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    runs.swap_remove(1)
 }
 
 /// Wall seconds an in-process simulation of `s` takes (seed 1), checkers not included: the
-/// median of three runs, as a shared machine's single runs swing by half.
+/// median of three runs.
 fn simulated_wall(s: &Scenario) -> f64 {
-    let mut walls: Vec<f64> = (0..3)
-        .map(|_| {
+    median_of_three(
+        || {
             let t = Instant::now();
             let h = simulate(s, 1, &[]);
             let wall = t.elapsed().as_secs_f64();
             assert!(!h.records.is_empty());
             wall
-        })
-        .collect();
-    walls.sort_by(f64::total_cmp);
-    walls[1]
+        },
+        |wall| *wall,
+    )
 }
 
 fn machine() -> String {
