@@ -19,12 +19,13 @@
 //!   at least TTL − KA left on its deadline.
 
 use std::collections::BTreeMap;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use tokio::time::{sleep_until, Instant};
-use tokio_util::sync::CancellationToken;
+use tokio::time::{sleep_until, Instant, Sleep};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 use tracing::Instrument;
 
 use super::retry::{self, Backoff};
@@ -501,8 +502,12 @@ impl Session {
             // Nothing relies on the session yet, so its deadline (counted from the grant's
             // send) may pass meanwhile: a renewal acknowledged now proves the lease lives a
             // TTL from this renewal's send.
+            let never = CancellationToken::new();
+            let cancelled = never.cancelled();
+            let timer = sleep_until(next);
+            tokio::pin!(cancelled, timer);
             match renewer
-                .renew(&CancellationToken::new(), false)
+                .renew(cancelled, timer, false)
                 .instrument(span.clone())
                 .await
             {
@@ -731,14 +736,25 @@ impl Renewer {
     /// Sends one renewal and waits for its answer, at most until the next renewal is due (or
     /// the deadline, if sooner and `bounded`): a later answer is no use, the next renewal goes
     /// instead, on a fresh channel.
-    async fn renew(&mut self, cancel: &CancellationToken, bounded: bool) -> Attempt {
+    ///
+    /// `cancelled` and `timer` are the caller's, kept for the renewer's life: a thousand
+    /// sessions renew a thousand times a TTL, and registering a fresh waiter and timer for
+    /// each renewal costs more than the renewal's own work. The timer is left set to when
+    /// the answer was due, which is when the next renewal is (see `run`).
+    async fn renew(
+        &mut self,
+        mut cancelled: Pin<&mut WaitForCancellationFuture<'_>>,
+        mut timer: Pin<&mut Sleep>,
+        bounded: bool,
+    ) -> Attempt {
         let deadline = self.inner.state().deadline;
         let deadline_counts = bounded && !ignores_deadline();
         if self.channel.is_none() {
+            timer.as_mut().reset(deadline);
             let opened = tokio::select! {
                 biased;
-                _ = cancel.cancelled() => return Attempt::Ended(None),
-                _ = sleep_until(deadline), if deadline_counts => return self.expired("opening a channel"),
+                _ = cancelled.as_mut() => return Attempt::Ended(None),
+                _ = timer.as_mut(), if deadline_counts => return self.expired("opening a channel"),
                 c = self.inner.store.keep_alive(self.inner.lease) => c,
             };
             match opened {
@@ -766,12 +782,12 @@ impl Renewer {
             sent + self.every
         };
         let ch = self.channel.as_mut().expect("opened above");
-        // One timer: `answer_by` is the deadline when that comes first (a thousand sessions
-        // renew a thousand times a TTL; each timer costs).
+        // One timer: `answer_by` is the deadline when that comes first.
+        timer.as_mut().reset(answer_by);
         let result = tokio::select! {
             biased;
-            _ = cancel.cancelled() => return Attempt::Ended(None),
-            _ = sleep_until(answer_by) => {
+            _ = cancelled.as_mut() => return Attempt::Ended(None),
+            _ = timer.as_mut() => {
                 if deadline_counts && Instant::now() >= deadline {
                     return self.expired("a renewal was outstanding");
                 }
@@ -837,21 +853,27 @@ impl Renewer {
     /// Renews from `next` on, every period after the last send, until cancelled, the lease
     /// is gone, or the deadline passes.
     async fn run(mut self, mut next: Instant, cancel: CancellationToken) {
+        let cancelled = cancel.cancelled();
+        let timer = sleep_until(next);
+        tokio::pin!(cancelled, timer);
         loop {
             let deadline = (!ignores_deadline()).then(|| self.inner.state().deadline);
-            // One timer, at the renewal or the deadline, whichever comes first.
+            // One timer, at the renewal or the deadline, whichever comes first. After a
+            // renewal answered in time it is already set there: resetting it to the same
+            // instant leaves the timer wheel alone.
             let wake = deadline.map_or(next, |d| d.min(next));
+            timer.as_mut().reset(wake);
             tokio::select! {
                 biased;
-                _ = cancel.cancelled() => return,
+                _ = cancelled.as_mut() => return,
                 _ = self.inner.renew_now.notified() => {}
-                _ = sleep_until(wake) => {}
+                _ = timer.as_mut() => {}
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 self.expired("waiting to renew");
                 return;
             }
-            match self.renew(&cancel, true).await {
+            match self.renew(cancelled.as_mut(), timer.as_mut(), true).await {
                 Attempt::Renewed { sent } => {
                     self.backoff.reset();
                     next = sent + self.every;
