@@ -187,12 +187,17 @@ impl SimStore {
         self.shared.stream_epoch.fetch_add(1, Ordering::SeqCst);
         let mut inner = self.shared.lock();
         let sinks = std::mem::take(&mut inner.sinks);
-        for (id, tx) in sinks {
+        for (id, mut sink) in sinks {
             inner.state.cancel_watch(id);
-            let _ = tx.send(Err(coord_api::Error::StreamClosed {
-                stream: "watch",
-                source: Some("the simulator closed every stream".into()),
-            }));
+            // After what is already on its way, as a connection's end comes after the bytes
+            // sent before it.
+            sink.send(
+                &self.shared.arrivals,
+                Err(coord_api::Error::StreamClosed {
+                    stream: "watch",
+                    source: Some("the simulator closed every stream".into()),
+                }),
+            );
         }
     }
 }

@@ -159,6 +159,16 @@ impl State {
             .unwrap_or_default()
     }
 
+    /// Swaps the journal for `empty`: the entries made since the last call, in a vector the
+    /// caller hands back next time, so that journaling a thousand renewals a second does not
+    /// allocate for each.
+    pub(crate) fn swap_journal(&mut self, empty: Vec<Entry>) -> Vec<Entry> {
+        match &mut self.journal {
+            Some(journal) => std::mem::replace(journal, empty),
+            None => empty,
+        }
+    }
+
     fn record(&mut self, entry: impl FnOnce() -> Entry) {
         if let Some(journal) = &mut self.journal {
             journal.push(entry());
@@ -184,6 +194,11 @@ impl State {
     /// Takes the deliveries queued since the last call, in commit order.
     pub fn take_outbox(&mut self) -> Vec<Delivery> {
         std::mem::take(&mut self.outbox)
+    }
+
+    /// Swaps the outbox for `empty`, as [`swap_journal`](Self::swap_journal) does the journal.
+    pub(crate) fn swap_outbox(&mut self, empty: Vec<Delivery>) -> Vec<Delivery> {
+        std::mem::replace(&mut self.outbox, empty)
     }
 
     /// The earliest lease deadline, if any lease lives.

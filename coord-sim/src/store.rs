@@ -25,6 +25,58 @@ use crate::watch::{watch_stream, StreamLink};
 
 pub(crate) type Sender = mpsc::UnboundedSender<Result<WatchResponse>>;
 
+/// Where one open watch's deliveries go: its stream's channel, and the way back to the
+/// client they take first.
+#[derive(Debug)]
+pub(crate) struct Sink {
+    pub(crate) tx: Sender,
+    /// The link the stream was opened over, and the store's base latency: each delivery
+    /// comes into the channel that long after it was sent (plus the link's reply latency), on
+    /// the store's arrival queue, so that the stream's task wakes once for it rather than
+    /// twice (the delivery, then a timer). In send order: a delivery never overtakes one sent
+    /// before it, whatever the link's latency did meanwhile.
+    pub(crate) way: Option<(Arc<Link>, Duration)>,
+    /// When the last delivery sent comes into the channel.
+    pub(crate) last: Option<Instant>,
+}
+
+impl Sink {
+    /// Sends `item` on its way; false when the stream is gone.
+    pub(crate) fn send(
+        &mut self,
+        arrivals: &crate::arrivals::Arrivals,
+        item: Result<WatchResponse>,
+    ) -> bool {
+        if self.tx.is_closed() {
+            return false;
+        }
+        let now = Instant::now();
+        let delay = self
+            .way
+            .as_ref()
+            .map_or(Duration::ZERO, |(link, base)| *base + link.reply_latency());
+        let at = now + delay;
+        let at = self.last.map_or(at, |last| last.max(at));
+        if at <= now {
+            return self.tx.send(item).is_ok();
+        }
+        self.last = Some(at);
+        let tx = self.tx.clone();
+        arrivals.push(
+            at,
+            Box::new(move || {
+                let _ = tx.send(item);
+            }),
+        );
+        true
+    }
+
+    /// Whether a delivery sent is still on its way at `now`.
+    pub(crate) fn in_flight(&self, now: Instant) -> bool {
+        self.last.is_some_and(|last| last > now)
+    }
+}
+
 /// What a call does at the store, which decides its fate when its caller stops waiting and
 /// when its reply is lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +127,9 @@ impl std::fmt::Debug for JournalSink {
 pub(crate) struct Inner {
     pub(crate) state: State,
     /// Where each open watch's deliveries go.
-    pub(crate) sinks: BTreeMap<WatchId, Sender>,
+    pub(crate) sinks: BTreeMap<WatchId, Sink>,
+    /// The state's outbox and journal of the operation before, emptied, for the next.
+    spare: (Vec<crate::state::Delivery>, Vec<Entry>),
 }
 
 #[derive(Debug)]
@@ -132,24 +186,29 @@ impl Shared {
         inner.state.set_origin(origin);
         let out = op(&mut inner.state, now);
         inner.state.set_origin(Origin::Store);
-        Self::deliver(&mut inner);
-        let entries = inner.state.take_journal();
+        self.deliver(&mut inner);
+        let spare = std::mem::take(&mut inner.spare.1);
+        let mut entries = inner.state.swap_journal(spare);
         if !entries.is_empty() {
             let sink = self.journal.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(sink) = sink.as_ref() {
-                for e in entries {
+                for e in entries.drain(..) {
                     (sink.0)(now, e);
                 }
             }
+            entries.clear();
         }
+        inner.spare.1 = entries;
         out
     }
 
-    fn deliver(inner: &mut Inner) {
-        for d in inner.state.take_outbox() {
+    fn deliver(&self, inner: &mut Inner) {
+        let spare = std::mem::take(&mut inner.spare.0);
+        let mut outbox = inner.state.swap_outbox(spare);
+        for d in outbox.drain(..) {
             let end = d.item.is_err();
-            let gone = match inner.sinks.get(&d.watch) {
-                Some(tx) => tx.send(d.item).is_err(),
+            let gone = match inner.sinks.get_mut(&d.watch) {
+                Some(sink) => !sink.send(&self.arrivals, d.item),
                 None => true,
             };
             if end || gone {
@@ -157,6 +216,7 @@ impl Shared {
                 inner.state.cancel_watch(d.watch);
             }
         }
+        inner.spare.0 = outbox;
     }
 }
 
@@ -216,6 +276,7 @@ impl SimStore {
             inner: Mutex::new(Inner {
                 state,
                 sinks: BTreeMap::new(),
+                spare: Default::default(),
             }),
             deadlines_changed: Arc::new(Notify::new()),
             arrivals: Arc::default(),
@@ -559,8 +620,16 @@ impl KvLeaseStore for SimStore {
             let id = {
                 let mut inner = c.shared.lock();
                 let id = inner.state.watch(c.shared.now(), &req);
-                inner.sinks.insert(id, tx);
-                Shared::deliver(&mut inner);
+                let way = Some((c.link.clone(), c.shared.config.latency));
+                inner.sinks.insert(
+                    id,
+                    Sink {
+                        tx,
+                        way,
+                        last: None,
+                    },
+                );
+                c.shared.deliver(&mut inner);
                 id
             };
             // It may need catching up: let the background task see it.

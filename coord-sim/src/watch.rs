@@ -30,7 +30,7 @@ impl Drop for WatchGuard {
 }
 
 /// The link a watch stream was opened over, the connection it was opened on, and the
-/// store's base latency each delivery takes.
+/// store's base latency each progress answer takes.
 pub(crate) struct StreamLink {
     pub(crate) link: Arc<Link>,
     pub(crate) generation: u64,
@@ -38,7 +38,7 @@ pub(crate) struct StreamLink {
 }
 
 impl StreamLink {
-    /// Carries one message back to the client: the delivery's latency, then the link's
+    /// Carries a progress answer back to the client: the store's latency, then the link's
     /// faults (it stalls while they last). False when the connection broke meanwhile.
     async fn carry_back(&self) -> bool {
         let delay = self.latency + self.link.reply_latency();
@@ -112,7 +112,9 @@ pub(crate) fn watch_stream(
                 }
                 item = rx.recv() => match item {
                     Some(item) => {
-                        if !link.carry_back().await {
+                        // It came the way back on the store's arrival queue (see `Sink`);
+                        // a fault that holds or breaks the link still stalls or ends it.
+                        if link.link.wait_flowing(link.generation).await.is_err() {
                             yield Err(link_broken());
                             break;
                         }
@@ -135,10 +137,15 @@ pub(crate) fn watch_stream(
                     }
                     let Some(shared) = guard.shared.upgrade() else { break };
                     // Read the revision under the lock that deliveries are sent under: if
-                    // nothing is queued for us now, every event up to it has been delivered.
+                    // nothing is queued for us now, nor on its way, every event up to it has
+                    // been delivered.
                     let revision = {
                         let inner = shared.lock();
-                        rx.is_empty().then(|| inner.state.revision())
+                        let on_its_way = inner
+                            .sinks
+                            .get(&guard.id)
+                            .is_some_and(|sink| sink.in_flight(Instant::now()));
+                        (rx.is_empty() && !on_its_way).then(|| inner.state.revision())
                     };
                     if let Some(revision) = revision {
                         yield Ok(WatchResponse::new(revision, Vec::new()));
