@@ -587,3 +587,93 @@ async fn a_lost_reply_goes_to_a_caller_still_waiting() {
     assert_eq!(err.class(), ErrorClass::Indeterminate, "{err:?}");
     client.put_value("k", "w").await.unwrap();
 }
+
+/// A watch's deliveries come back in the order they were sent, each after the latency it was
+/// sent under: a delivery slowed by the link is never overtaken by one sent after the link
+/// sped up again, and a burst sent together arrives together.
+#[tokio::test(start_paused = true)]
+async fn watch_deliveries_keep_their_order_when_the_link_speeds_up() {
+    use coord_api::WatchRequest;
+    use futures::StreamExt;
+
+    let sim = SimStore::new();
+    let client = sim.connect();
+    let mut stream = client.watch(WatchRequest::prefix("k")).await.unwrap();
+    let slow = Duration::from_millis(500);
+    client.set_reply_latency(slow);
+    let sent = Instant::now();
+    sim.put_value("k1", "slow").await.unwrap();
+    client.set_reply_latency(Duration::ZERO);
+    sim.put_value("k2", "fast").await.unwrap();
+    sim.put_value("k3", "fast").await.unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        let batch = within(Duration::from_secs(5), "the three events", stream.next())
+            .await
+            .expect("the stream lives")
+            .expect("no error");
+        for e in batch.events {
+            seen.push((
+                String::from_utf8_lossy(&e.kv.key).into_owned(),
+                Instant::now(),
+            ));
+        }
+    }
+    let keys: Vec<&str> = seen.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(keys, ["k1", "k2", "k3"], "in send order");
+    assert!(
+        seen[0].1 >= sent + slow,
+        "the first waited out the latency it was sent under: {:?}",
+        seen[0].1 - sent
+    );
+    assert_eq!(seen[1].1, seen[0].1, "the faster ones came right behind it");
+    assert_eq!(seen[2].1, seen[0].1);
+}
+
+/// The next answer of a watch stream, within 5 (virtual) seconds.
+async fn next_answer(stream: &mut coord_api::WatchStream) -> coord_api::WatchResponse {
+    use futures::StreamExt;
+    within(
+        Duration::from_secs(5),
+        "the stream's next answer",
+        stream.next(),
+    )
+    .await
+    .expect("the stream lives")
+    .expect("no error")
+}
+
+/// A progress notification says that every event up to its revision was delivered: it never
+/// comes while an event is still on its way back over a slow link.
+#[tokio::test(start_paused = true)]
+async fn a_progress_notification_waits_for_deliveries_on_their_way() {
+    use coord_api::WatchRequest;
+
+    let every = Duration::from_millis(100);
+    let sim =
+        SimStore::with_config(coord_sim::SimConfig::default().with_progress_notify_interval(every));
+    let client = sim.connect();
+    let mut stream = client
+        .watch(WatchRequest::prefix("k").with_progress_notify())
+        .await
+        .unwrap();
+    let quiet = next_answer(&mut stream).await;
+    assert!(
+        quiet.events.is_empty(),
+        "a quiet watch notifies its progress"
+    );
+    client.set_reply_latency(every * 5);
+    let written = sim.put_value("k1", "v").await.unwrap();
+    loop {
+        let answer = next_answer(&mut stream).await;
+        if let Some(event) = answer.events.first() {
+            assert_eq!(event.kv.key, "k1".as_bytes());
+            break;
+        }
+        assert!(
+            answer.revision < written,
+            "a progress notification at {} while the event at {written} was on its way",
+            answer.revision
+        );
+    }
+}

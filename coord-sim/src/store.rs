@@ -71,9 +71,11 @@ impl Sink {
         true
     }
 
-    /// Whether a delivery sent is still on its way at `now`.
+    /// Whether a delivery sent may still be on its way at `now`: one due at `now` itself
+    /// may not have landed yet (the landing task runs at that instant too, before or after
+    /// the caller).
     pub(crate) fn in_flight(&self, now: Instant) -> bool {
-        self.last.is_some_and(|last| last > now)
+        self.last.is_some_and(|last| last >= now)
     }
 }
 
