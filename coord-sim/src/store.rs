@@ -29,15 +29,16 @@ pub(crate) type Sender = mpsc::UnboundedSender<Result<WatchResponse>>;
 /// client they take first.
 #[derive(Debug)]
 pub(crate) struct Sink {
-    pub(crate) tx: Sender,
-    /// The link the stream was opened over, and the store's base latency: each delivery
-    /// comes into the channel that long after it was sent (plus the link's reply latency), on
-    /// the store's arrival queue, so that the stream's task wakes once for it rather than
-    /// twice (the delivery, then a timer). In send order: a delivery never overtakes one sent
-    /// before it, whatever the link's latency did meanwhile.
-    pub(crate) way: Option<(Arc<Link>, Duration)>,
+    tx: Sender,
+    /// The link the stream was opened over. Each delivery comes into the channel the store's
+    /// base latency plus the link's reply latency after it was sent, on the store's arrival
+    /// queue, so that the stream's task wakes once for it rather than twice (the delivery,
+    /// then a timer). In send order: a delivery never overtakes one sent before it, whatever
+    /// the link's latency did meanwhile.
+    link: Arc<Link>,
+    latency: Duration,
     /// When the last delivery sent comes into the channel.
-    pub(crate) last: Option<Instant>,
+    last: Option<Instant>,
 }
 
 impl Sink {
@@ -51,11 +52,7 @@ impl Sink {
             return false;
         }
         let now = Instant::now();
-        let delay = self
-            .way
-            .as_ref()
-            .map_or(Duration::ZERO, |(link, base)| *base + link.reply_latency());
-        let at = now + delay;
+        let at = now + self.latency + self.link.reply_latency();
         let at = self.last.map_or(at, |last| last.max(at));
         if at <= now {
             return self.tx.send(item).is_ok();
@@ -622,15 +619,13 @@ impl KvLeaseStore for SimStore {
             let id = {
                 let mut inner = c.shared.lock();
                 let id = inner.state.watch(c.shared.now(), &req);
-                let way = Some((c.link.clone(), c.shared.config.latency));
-                inner.sinks.insert(
-                    id,
-                    Sink {
-                        tx,
-                        way,
-                        last: None,
-                    },
-                );
+                let sink = Sink {
+                    tx,
+                    link: c.link.clone(),
+                    latency: c.shared.config.latency,
+                    last: None,
+                };
+                inner.sinks.insert(id, sink);
                 c.shared.deliver(&mut inner);
                 id
             };

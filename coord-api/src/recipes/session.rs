@@ -738,9 +738,9 @@ impl Renewer {
     /// instead, on a fresh channel.
     ///
     /// `cancelled` and `timer` are the caller's, kept for the renewer's life: a thousand
-    /// sessions renew a thousand times a TTL, and registering a fresh waiter and timer for
-    /// each renewal costs more than the renewal's own work. The timer is left set to when
-    /// the answer was due, which is when the next renewal is (see `run`).
+    /// sessions renew a thousand times a TTL, and a fresh waiter and timer registered and torn
+    /// down for each renewal were 4% of a thousand-host simulation's work. The timer is left
+    /// set to when the answer was due, which is when the next renewal is (see `run`).
     async fn renew(
         &mut self,
         mut cancelled: Pin<&mut WaitForCancellationFuture<'_>>,
