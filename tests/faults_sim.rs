@@ -677,3 +677,39 @@ async fn a_progress_notification_waits_for_deliveries_on_their_way() {
         );
     }
 }
+
+/// A stream the store closes while events are on their way back yields them, then its end,
+/// and no progress notification in between: one would claim events delivered that were not.
+#[tokio::test(start_paused = true)]
+async fn a_closed_stream_notifies_no_progress_ahead_of_its_last_events() {
+    use coord_api::WatchRequest;
+    use futures::StreamExt;
+
+    let every = Duration::from_millis(100);
+    let sim =
+        SimStore::with_config(coord_sim::SimConfig::default().with_progress_notify_interval(every));
+    let client = sim.connect();
+    let mut stream = client
+        .watch(WatchRequest::prefix("k").with_progress_notify())
+        .await
+        .unwrap();
+    client.set_reply_latency(every * 5);
+    let written = sim.put_value("k1", "v").await.unwrap();
+    sim.close_streams();
+    let bound = Duration::from_secs(5);
+    let first = within(bound, "the event", stream.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        first.events.first().map(|e| e.kv.key.clone()),
+        Some("k1".into()),
+        "the event at {written} first, not a notification at {}",
+        first.revision
+    );
+    let end = within(bound, "the end", stream.next()).await.unwrap();
+    assert!(
+        matches!(end, Err(Error::StreamClosed { .. })),
+        "then the end: {end:?}"
+    );
+}

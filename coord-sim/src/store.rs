@@ -128,7 +128,8 @@ pub(crate) struct Inner {
     /// Where each open watch's deliveries go.
     pub(crate) sinks: BTreeMap<WatchId, Sink>,
     /// The state's outbox and journal of the operation before, emptied, for the next.
-    spare: (Vec<crate::state::Delivery>, Vec<Entry>),
+    spare_outbox: Vec<crate::state::Delivery>,
+    spare_journal: Vec<Entry>,
 }
 
 #[derive(Debug)]
@@ -186,7 +187,7 @@ impl Shared {
         let out = op(&mut inner.state, now);
         inner.state.set_origin(Origin::Store);
         self.deliver(&mut inner);
-        let spare = std::mem::take(&mut inner.spare.1);
+        let spare = std::mem::take(&mut inner.spare_journal);
         let mut entries = inner.state.swap_journal(spare);
         if !entries.is_empty() {
             let sink = self.journal.lock().unwrap_or_else(|p| p.into_inner());
@@ -195,14 +196,14 @@ impl Shared {
                     (sink.0)(now, e);
                 }
             }
-            entries.clear();
         }
-        inner.spare.1 = entries;
+        entries.clear();
+        inner.spare_journal = entries;
         out
     }
 
     fn deliver(&self, inner: &mut Inner) {
-        let spare = std::mem::take(&mut inner.spare.0);
+        let spare = std::mem::take(&mut inner.spare_outbox);
         let mut outbox = inner.state.swap_outbox(spare);
         for d in outbox.drain(..) {
             let end = d.item.is_err();
@@ -215,7 +216,7 @@ impl Shared {
                 inner.state.cancel_watch(d.watch);
             }
         }
-        inner.spare.0 = outbox;
+        inner.spare_outbox = outbox;
     }
 }
 
@@ -275,7 +276,8 @@ impl SimStore {
             inner: Mutex::new(Inner {
                 state,
                 sinks: BTreeMap::new(),
-                spare: Default::default(),
+                spare_outbox: Vec::new(),
+                spare_journal: Vec::new(),
             }),
             deadlines_changed: Arc::new(Notify::new()),
             arrivals: Arc::default(),

@@ -138,13 +138,14 @@ pub(crate) fn watch_stream(
                     let Some(shared) = guard.shared.upgrade() else { break };
                     // Read the revision under the lock that deliveries are sent under: if
                     // nothing is queued for us now, nor on its way, every event up to it has
-                    // been delivered.
+                    // been delivered. A watch the store has ended (its sink gone) has its end
+                    // on the way, maybe behind events: it notifies nothing more.
                     let revision = {
                         let inner = shared.lock();
                         let on_its_way = inner
                             .sinks
                             .get(&guard.id)
-                            .is_some_and(|sink| sink.in_flight(Instant::now()));
+                            .is_none_or(|sink| sink.in_flight(Instant::now()));
                         (rx.is_empty() && !on_its_way).then(|| inner.state.revision())
                     };
                     if let Some(revision) = revision {
