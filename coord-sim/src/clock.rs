@@ -23,7 +23,7 @@ pub(crate) async fn background(shared: Weak<Shared>, wake: Arc<Notify>) {
                 // Crashed: nothing expires until the restart wakes us.
                 return (None, None);
             }
-            let inner = s.lock();
+            let mut inner = s.lock();
             let sync_at = inner
                 .state
                 .has_unsynced_watchers()

@@ -67,6 +67,7 @@ mod arrivals;
 mod clock;
 mod config;
 mod created;
+mod deadlines;
 mod faults;
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]

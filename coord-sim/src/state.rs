@@ -17,6 +17,7 @@
 //! * A lease's keys are deleted in one revision when it is revoked or expires; leases expire
 //!   one at a time, each in its own revision, oldest deadline first.
 
+use crate::deadlines::Deadlines;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -90,7 +91,7 @@ pub struct State {
     created: Created,
     log: BTreeMap<Revision, Vec<Event>>,
     leases: BTreeMap<LeaseId, Lease>,
-    deadlines: BTreeSet<(Instant, LeaseId)>,
+    deadlines: Deadlines,
     lease_rng: u64,
     watchers: BTreeMap<WatchId, Watcher>,
     /// The watchers of single keys, by key, and of prefixes: a commit looks up only the
@@ -126,7 +127,7 @@ impl State {
             created: Created::default(),
             log: BTreeMap::new(),
             leases: BTreeMap::new(),
-            deadlines: BTreeSet::new(),
+            deadlines: Deadlines::default(),
             lease_rng: seed,
             watchers: BTreeMap::new(),
             key_watchers: BTreeMap::new(),
@@ -202,8 +203,15 @@ impl State {
     }
 
     /// The earliest lease deadline, if any lease lives.
-    pub fn next_deadline(&self) -> Option<Instant> {
-        self.deadlines.first().map(|(at, _)| *at)
+    pub fn next_deadline(&mut self) -> Option<Instant> {
+        self.first_deadline().map(|(at, _)| at)
+    }
+
+    /// The earliest lease deadline, and its lease.
+    fn first_deadline(&mut self) -> Option<(Instant, LeaseId)> {
+        let leases = &self.leases;
+        self.deadlines
+            .first(|id| leases.get(&id).map(|lease| lease.deadline))
     }
 
     // ---- reads -------------------------------------------------------------------------
@@ -691,7 +699,7 @@ impl State {
                 keys: BTreeSet::new(),
             },
         );
-        self.deadlines.insert((deadline, id));
+        self.deadlines.set(deadline, id);
         let origin = self.origin;
         self.record(|| Entry::Grant {
             lease: id,
@@ -702,8 +710,8 @@ impl State {
     }
 
     fn remove_lease(&mut self, id: LeaseId) -> Option<Revision> {
+        // Its deadline goes stale with it (see `Deadlines`).
         let lease = self.leases.remove(&id)?;
-        self.deadlines.remove(&(lease.deadline, id));
         let origin = self.origin;
         self.record(|| Entry::LeaseEnd { lease: id, origin });
         let mut p = self.begin();
@@ -728,9 +736,8 @@ impl State {
             .leases
             .get_mut(&id)
             .ok_or(Error::LeaseNotFound { lease: id })?;
-        self.deadlines.remove(&(lease.deadline, id));
         lease.deadline = now + lease.ttl;
-        self.deadlines.insert((lease.deadline, id));
+        self.deadlines.set(lease.deadline, id);
         let ttl = lease.ttl;
         let origin = self.origin;
         self.record(|| Entry::Renew { lease: id, origin });
@@ -762,9 +769,8 @@ impl State {
         let ids: Vec<LeaseId> = self.leases.keys().copied().collect();
         for id in ids {
             let lease = self.leases.get_mut(&id).expect("listed");
-            self.deadlines.remove(&(lease.deadline, id));
             lease.deadline = now + extend + lease.ttl;
-            self.deadlines.insert((lease.deadline, id));
+            self.deadlines.set(lease.deadline, id);
         }
         self.record(|| Entry::Promote { extend });
     }
@@ -773,7 +779,7 @@ impl State {
     /// own revision.
     pub fn expire(&mut self, now: Instant) {
         let origin = std::mem::replace(&mut self.origin, Origin::Expiry);
-        while let Some(&(deadline, id)) = self.deadlines.first() {
+        while let Some((deadline, id)) = self.first_deadline() {
             if deadline > now {
                 break;
             }

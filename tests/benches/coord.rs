@@ -629,24 +629,44 @@ impl Service for Stamped {
 /// The rate (simulated seconds a wall second) between the 10th and the 110th simulated second
 /// of `s`, and the wall time before the 10th less 10 s at that rate: the median of three runs.
 fn steady_rate(s: &Scenario) -> (f64, f64) {
-    median_of_three(
-        || {
-            let stamped = Arc::new(Stamped {
-                at: vec![Duration::from_secs(10), Duration::from_secs(110)],
-                stamps: Arc::default(),
-            });
-            let launched = Instant::now();
-            let h = simulate_service(stamped.clone(), s, 1, &[]);
-            assert!(!h.records.is_empty());
-            let stamps = stamped.stamps.lock().unwrap().clone();
-            let [ten, hundred_ten] = stamps[..] else {
-                panic!("node 0 stamped {} instants of 2", stamps.len())
-            };
-            let rate = 100.0 / (hundred_ten - ten).as_secs_f64();
-            (rate, (ten - launched).as_secs_f64() - 10.0 / rate)
-        },
-        |run| run.0,
-    )
+    median_of_three(|| steady_once(s), |run| run.0)
+}
+
+/// One run of [`steady_rate`]'s.
+fn steady_once(s: &Scenario) -> (f64, f64) {
+    let stamped = Arc::new(Stamped {
+        at: vec![Duration::from_secs(10), Duration::from_secs(110)],
+        stamps: Arc::default(),
+    });
+    let launched = Instant::now();
+    let h = simulate_service(stamped.clone(), s, 1, &[]);
+    assert!(!h.records.is_empty());
+    let stamps = stamped.stamps.lock().unwrap().clone();
+    let [ten, hundred_ten] = stamps[..] else {
+        panic!("node 0 stamped {} instants of 2", stamps.len())
+    };
+    let rate = 100.0 / (hundred_ten - ten).as_secs_f64();
+    (rate, (ten - launched).as_secs_f64() - 10.0 / rate)
+}
+
+/// `-- only=steady [runs=N]`: the rate once started at 1,000 hosts and the 3 s TTL, each of
+/// N runs (5 unless told) printed, for comparing builds on a noisy host.
+fn steady_runs() {
+    let runs = std::env::args()
+        .find_map(|a| a.strip_prefix("runs=").and_then(|n| n.parse().ok()))
+        .unwrap_or(5);
+    let mut s = Scenario::default();
+    s.hosts = 1000;
+    s.fault_kinds.clear();
+    s.duration = Duration::from_secs(120);
+    let mut rates = Vec::new();
+    for _ in 0..runs {
+        let (rate, start) = steady_once(&s);
+        println!("once started {rate:.1}, the start {start:.2} s");
+        rates.push(rate);
+    }
+    rates.sort_by(f64::total_cmp);
+    println!("median {:.1} of {runs}", rates[runs / 2]);
 }
 
 /// The run of three whose `key` is the median: a shared machine's single runs swing by half.
@@ -745,6 +765,10 @@ fn main() {
     }
     if run("simulator") {
         simulator_speed(&mut r);
+    }
+    // Not part of the report: the one figure issue work watches, each run printed.
+    if only.as_deref() == Some("steady") {
+        steady_runs();
     }
     if only.is_some() {
         return;

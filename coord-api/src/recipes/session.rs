@@ -713,6 +713,7 @@ struct Renewer {
     channel: Option<Box<dyn KeepAlive>>,
     every: Duration,
     backoff: Backoff,
+    metrics: crate::metrics::record::Renewals,
 }
 
 impl Renewer {
@@ -724,6 +725,7 @@ impl Renewer {
             every,
             // After a failed renewal, try again sooner than the regular cadence.
             backoff: Backoff::new((every / 4).max(Duration::from_millis(50)), every, seed),
+            metrics: crate::metrics::record::Renewals::register(),
         }
     }
 
@@ -823,7 +825,7 @@ impl Renewer {
                 });
                 self.inner.renewed.notify_waiters();
                 tracing::trace!(ttl_ms = ttl.as_millis() as u64, "renewed");
-                crate::metrics::record::renewed(now - sent);
+                self.metrics.renewed(now - sent);
                 Attempt::Renewed { sent }
             }
             Err(e @ Error::LeaseNotFound { .. }) => {
@@ -879,7 +881,7 @@ impl Renewer {
                     next = sent + self.every;
                 }
                 Attempt::Failed(_) => {
-                    crate::metrics::record::renewal_failed();
+                    self.metrics.failed();
                     next = Instant::now() + self.backoff.next_delay();
                 }
                 Attempt::Ended(_) => return,

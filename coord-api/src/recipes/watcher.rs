@@ -353,6 +353,7 @@ impl ClusterWatcher {
         let seed = retry::seed(&[config.prefix.as_bytes()]);
         let mut w = Worker {
             store,
+            gauges: crate::metrics::record::WatcherGauges::register(&config.prefix),
             config,
             view: ClusterView::default(),
             view_tx,
@@ -439,6 +440,7 @@ struct Worker {
     backlog: Vec<ClusterEvent>,
     /// Between attempts to reach the store (re-open, re-list).
     backoff: Backoff,
+    gauges: crate::metrics::record::WatcherGauges,
 }
 
 /// The most watch batches taken together for one snapshot of the view.
@@ -495,7 +497,7 @@ impl Worker {
     }
 
     fn publish(&mut self) {
-        crate::metrics::record::watcher_hosts(&self.config.prefix, self.view.hosts.len());
+        self.gauges.hosts(self.view.hosts.len());
         let mut view = self.view.clone();
         if let (Some(from), Some(mut hosts)) = (self.published.take(), self.written.take()) {
             hosts.sort_unstable();
@@ -770,7 +772,7 @@ impl Worker {
             .events
             .last()
             .map_or(batch.revision, |e| e.kv.mod_revision);
-        crate::metrics::record::watcher_lag(&self.config.prefix, batch.revision.0 - newest.0);
+        self.gauges.lag(batch.revision.0 - newest.0);
         for event in batch.events {
             let rev = event.kv.mod_revision;
             if rev <= self.view.revision {
