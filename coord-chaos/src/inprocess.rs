@@ -341,6 +341,21 @@ pub(crate) async fn operate(store: &dyn KvLeaseStore, f: &Fault) {
     }
 }
 
+/// About how many records a run of `s` writes: the store's renewals (each host's session
+/// renews every renewal interval) and about one and a half more a host a second for coord's
+/// own nodes (views, emits, commits, metadata; 2.2 a host a second in all at the 3 s TTL).
+/// Capped at 16 M records (1.5 GB of address space): a longer run's history grows as needed.
+fn expected_records(s: &Scenario) -> usize {
+    let every = s
+        .renew_interval
+        .unwrap_or(s.ttl / 3)
+        .as_secs_f64()
+        .max(0.01);
+    let per_host_second = 1.0 / every + 1.5;
+    let records = s.hosts as f64 * s.duration.as_secs_f64() * per_host_second;
+    (records as usize).min(1 << 24)
+}
+
 async fn drive(
     service: Arc<dyn Service>,
     scenario: Arc<Scenario>,
@@ -349,6 +364,7 @@ async fn drive(
 ) -> History {
     let start = Instant::now();
     let rec = Recorder::new(start);
+    rec.reserve(expected_records(&scenario));
     let store = SimStore::with_config(
         SimConfig::default()
             .with_seed(seed)

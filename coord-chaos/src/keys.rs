@@ -19,12 +19,40 @@ pub fn work_key(e: usize) -> String {
 
 /// The key node `node` registers.
 pub fn host_key(node: usize) -> String {
-    format!("{HOSTS}n{node}")
+    let mut key = String::with_capacity(HOSTS.len() + 8);
+    key.push_str(HOSTS);
+    key.push('n');
+    push_decimal(&mut key, node as u64);
+    key
 }
 
 /// The metadata a node registers: who it is, and a generation that grows with each update.
+/// Written as `format!("{who}#{generation}")` would, without the formatting machinery: at
+/// 1,000 hosts these two strings were one and a half percent of a simulated second.
 pub(crate) fn metadata(who: Incarnation, generation: u64) -> String {
-    format!("{who}#{generation}")
+    let mut value = String::with_capacity(24);
+    value.push('n');
+    push_decimal(&mut value, who.node as u64);
+    value.push('.');
+    push_decimal(&mut value, who.inc as u64);
+    value.push('#');
+    push_decimal(&mut value, generation);
+    value
+}
+
+/// Appends `n` in decimal.
+fn push_decimal(s: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    s.push_str(std::str::from_utf8(&digits[at..]).expect("ASCII digits"));
 }
 
 /// The generation of a node's metadata (see [`metadata`]).
@@ -35,4 +63,27 @@ pub(crate) fn metadata_generation(value: &[u8]) -> Option<u64> {
         .1
         .parse()
         .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_metadata_read_as_their_formats_would() {
+        for (node, inc, generation) in [
+            (0, 0, 0),
+            (7, 12, 9),
+            (999, 3, 10),
+            (usize::MAX >> 40, u32::MAX as _, u64::MAX),
+        ] {
+            let who = Incarnation { node, inc };
+            assert_eq!(metadata(who, generation), format!("{who}#{generation}"));
+            assert_eq!(host_key(node), format!("{HOSTS}n{node}"));
+            assert_eq!(
+                metadata_generation(metadata(who, generation).as_bytes()),
+                Some(generation)
+            );
+        }
+    }
 }

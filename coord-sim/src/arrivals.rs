@@ -15,8 +15,9 @@ use tokio::time::Instant;
 use crate::store::Shared;
 
 /// What lands: the request's application at the store (or its loss), with the reply sent
-/// to whoever still waits for it.
-pub(crate) type Arrival = Box<dyn FnOnce() + Send>;
+/// to whoever still waits for it. It is given the instant it lands at (the clock, read once
+/// for the batch).
+pub(crate) type Arrival = Box<dyn FnOnce(Instant) + Send>;
 
 /// The writes in flight to one store. See the module docs.
 #[derive(Default)]
@@ -112,7 +113,7 @@ pub(crate) async fn land(shared: Weak<Shared>, arrivals: Arc<Arrivals>) {
         // comes due meanwhile lands on the next turn of the loop.
         let now = Instant::now();
         while let Some(arrival) = arrivals.take_due(now) {
-            arrival();
+            arrival(now);
         }
     }
 }

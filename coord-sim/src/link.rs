@@ -130,11 +130,12 @@ impl Link {
         }
     }
 
-    /// When a request sent now reaches the store, as [`request`](Self::request) would take
-    /// it there; `None` while the link is held (the request waits for the hold first). Whether
-    /// it is lost is for [`arrived`](Self::arrived) to tell then.
-    pub(crate) fn arrival(&self, base: Duration) -> Option<Instant> {
-        (!self.state().held).then(|| Instant::now() + self.request_latency(base))
+    /// When a request sent at `sent` (now: the caller's reading of the clock) reaches the
+    /// store, as [`request`](Self::request) would take it there; `None` while the link is
+    /// held (the request waits for the hold first). Whether it is lost is for
+    /// [`arrived`](Self::arrived) to tell then.
+    pub(crate) fn arrival(&self, sent: Instant, base: Duration) -> Option<Instant> {
+        (!self.state().held).then(|| sent + self.request_latency(base))
     }
 
     fn request_latency(&self, base: Duration) -> Duration {
@@ -159,11 +160,11 @@ impl Link {
         }
     }
 
-    /// When a reply sent now reaches the client, as [`reply`](Self::reply) would take it
-    /// there; `None` while the link is held. Whether it is lost is for
-    /// [`replied`](Self::replied) to tell then.
-    pub(crate) fn reply_arrival(&self, base: Duration) -> Option<Instant> {
-        (!self.state().held).then(|| Instant::now() + base + self.reply_latency())
+    /// When a reply sent at `now` (the caller's reading of the clock) reaches the client, as
+    /// [`reply`](Self::reply) would take it there; `None` while the link is held. Whether it
+    /// is lost is for [`replied`](Self::replied) to tell then.
+    pub(crate) fn reply_arrival(&self, now: Instant, base: Duration) -> Option<Instant> {
+        (!self.state().held).then(|| now + base + self.reply_latency())
     }
 
     /// A reply reaching the client now: lost when the link is cut or deaf, or when a lost

@@ -710,8 +710,8 @@ impl State {
     }
 
     fn remove_lease(&mut self, id: LeaseId) -> Option<Revision> {
-        // Its deadline goes stale with it (see `Deadlines`).
         let lease = self.leases.remove(&id)?;
+        self.deadlines.forget(id);
         let origin = self.origin;
         self.record(|| Entry::LeaseEnd { lease: id, origin });
         let mut p = self.begin();

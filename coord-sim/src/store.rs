@@ -61,7 +61,7 @@ impl Sink {
         let tx = self.tx.clone();
         arrivals.push(
             at,
-            Box::new(move || {
+            Box::new(move |_| {
                 let _ = tx.send(item);
             }),
         );
@@ -352,24 +352,24 @@ impl SimStore {
         } else {
             let (tx, rx) = tokio::sync::oneshot::channel();
             let this = self.clone();
-            match self.link.arrival(self.shared.config.latency) {
+            match self.link.arrival(sent, self.shared.config.latency) {
                 // On the wire: it lands whether or not this caller still waits, and its reply
                 // comes back on the same queue, one wake-up for the caller in all.
                 Some(at) => self.shared.arrivals.push(
                     at,
-                    Box::new(move || {
+                    Box::new(move |now| {
                         let landed = match this.link.arrived() {
                             Leg::Lost => Delivery::Lost,
                             Leg::Delivered => this.arrive(operation, apply),
                         };
-                        this.answer(landed, kind, tx);
+                        this.answer(landed, kind, tx, now);
                     }),
                 ),
                 // Held: it waits out the hold on its own, then goes the same way.
                 None => {
                     tokio::spawn(async move {
                         let landed = this.deliver(operation, apply).await;
-                        this.answer(landed, kind, tx);
+                        this.answer(landed, kind, tx, Instant::now());
                     });
                 }
             }
@@ -415,14 +415,15 @@ impl SimStore {
         })
     }
 
-    /// Sends a write's or renewal's outcome back to its caller: a refusal at once, an applied
-    /// one over the reply's way (on the arrival queue unless the link is held), nothing for a
+    /// Sends a write's or renewal's outcome back to its caller, `now` (the instant it landed):
+    /// a refusal at once, an applied one over the reply's way (on the arrival queue unless the link is held), nothing for a
     /// lost request.
     fn answer<T: Send + 'static>(
         &self,
         landed: Delivery<T>,
         kind: Call,
         tx: tokio::sync::oneshot::Sender<Answer<T>>,
+        now: Instant,
     ) {
         let result = match landed {
             Delivery::Applied(result) => result,
@@ -435,11 +436,11 @@ impl SimStore {
         let base = self.shared.config.latency;
         let write = kind == Call::Write;
         let this = self.clone();
-        match self.link.reply_arrival(base) {
+        match self.link.reply_arrival(now, base) {
             Some(at) => self
                 .shared
                 .arrivals
-                .push(at, Box::new(move || this.replied(result, write, tx))),
+                .push(at, Box::new(move |_| this.replied(result, write, tx))),
             None => {
                 tokio::spawn(async move {
                     this.link.reply_way(base).await;

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant, Sleep};
-use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::retry::{self, Backoff};
@@ -502,15 +502,9 @@ impl Session {
             // Nothing relies on the session yet, so its deadline (counted from the grant's
             // send) may pass meanwhile: a renewal acknowledged now proves the lease lives a
             // TTL from this renewal's send.
-            let never = CancellationToken::new();
-            let cancelled = never.cancelled();
             let timer = sleep_until(next);
-            tokio::pin!(cancelled, timer);
-            match renewer
-                .renew(cancelled, timer, false)
-                .instrument(span.clone())
-                .await
-            {
+            tokio::pin!(timer);
+            match renewer.renew(timer, false).instrument(span.clone()).await {
                 Attempt::Renewed { sent } => next = sent + every,
                 other => {
                     inner.end(SessionEnd::Expired);
@@ -739,23 +733,18 @@ impl Renewer {
     /// the deadline, if sooner and `bounded`): a later answer is no use, the next renewal goes
     /// instead, on a fresh channel.
     ///
-    /// `cancelled` and `timer` are the caller's, kept for the renewer's life: a thousand
-    /// sessions renew a thousand times a TTL, and a fresh waiter and timer registered and torn
-    /// down for each renewal were 4% of a thousand-host simulation's work. The timer is left
-    /// set to when the answer was due, which is when the next renewal is (see `run`).
-    async fn renew(
-        &mut self,
-        mut cancelled: Pin<&mut WaitForCancellationFuture<'_>>,
-        mut timer: Pin<&mut Sleep>,
-        bounded: bool,
-    ) -> Attempt {
+    /// `timer` is the caller's, kept for the renewer's life: a thousand sessions renew a
+    /// thousand times a TTL, and a fresh timer registered and torn down for each renewal was
+    /// a cost a thousand-host simulation measured. It is left set to when the answer was due,
+    /// which is when the next renewal is (see `run`). Cancellation is the caller's too: it
+    /// drops this future where it waits.
+    async fn renew(&mut self, mut timer: Pin<&mut Sleep>, bounded: bool) -> Attempt {
         let deadline = self.inner.state().deadline;
         let deadline_counts = bounded && !ignores_deadline();
         if self.channel.is_none() {
             timer.as_mut().reset(deadline);
             let opened = tokio::select! {
                 biased;
-                _ = cancelled.as_mut() => return Attempt::Ended(None),
                 _ = timer.as_mut(), if deadline_counts => return self.expired("opening a channel"),
                 c = self.inner.store.keep_alive(self.inner.lease) => c,
             };
@@ -788,7 +777,6 @@ impl Renewer {
         timer.as_mut().reset(answer_by);
         let result = tokio::select! {
             biased;
-            _ = cancelled.as_mut() => return Attempt::Ended(None),
             _ = timer.as_mut() => {
                 if deadline_counts && Instant::now() >= deadline {
                     return self.expired("a renewal was outstanding");
@@ -854,10 +842,26 @@ impl Renewer {
 
     /// Renews from `next` on, every period after the last send, until cancelled, the lease
     /// is gone, or the deadline passes.
-    async fn run(mut self, mut next: Instant, cancel: CancellationToken) {
-        let cancelled = cancel.cancelled();
+    ///
+    /// Cancellation is looked at once each time the task runs, here, not in each wait inside
+    /// (a renewal wakes the task twice, and each look takes two locks): the renewal loop is
+    /// dropped where it waits, which is all a cancelled renewer has to do.
+    async fn run(self, next: Instant, cancel: CancellationToken) {
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => {}
+            _ = self.renew_until_ended(next) => {}
+        }
+    }
+
+    async fn renew_until_ended(mut self, mut next: Instant) {
+        let inner = self.inner.clone();
+        // One waiter for the asks to renew now, armed again after each: a fresh one per
+        // renewal was registered and unregistered for nothing nearly every time. An ask made
+        // while a renewal is outstanding finds it armed and is answered by the next one.
+        let asked = inner.renew_now.notified();
         let timer = sleep_until(next);
-        tokio::pin!(cancelled, timer);
+        tokio::pin!(asked, timer);
         loop {
             let deadline = (!ignores_deadline()).then(|| self.inner.state().deadline);
             // One timer, at the renewal or the deadline, whichever comes first. After a
@@ -867,15 +871,14 @@ impl Renewer {
             timer.as_mut().reset(wake);
             tokio::select! {
                 biased;
-                _ = cancelled.as_mut() => return,
-                _ = self.inner.renew_now.notified() => {}
+                _ = asked.as_mut() => asked.set(inner.renew_now.notified()),
                 _ = timer.as_mut() => {}
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 self.expired("waiting to renew");
                 return;
             }
-            match self.renew(cancelled.as_mut(), timer.as_mut(), true).await {
+            match self.renew(timer.as_mut(), true).await {
                 Attempt::Renewed { sent } => {
                     self.backoff.reset();
                     next = sent + self.every;
