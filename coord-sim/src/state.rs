@@ -17,7 +17,6 @@
 //! * A lease's keys are deleted in one revision when it is revoked or expires; leases expire
 //!   one at a time, each in its own revision, oldest deadline first.
 
-use crate::deadlines::Deadlines;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -31,6 +30,7 @@ use coord_api::{
 use tokio::time::Instant;
 
 use crate::created::Created;
+use crate::deadlines::Deadlines;
 use crate::journal::{Entry, Origin};
 
 /// One version of a key in its history.
