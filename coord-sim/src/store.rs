@@ -340,15 +340,11 @@ impl SimStore {
         apply: impl FnOnce(&SimStore) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         let sent = Instant::now();
+        // The read's way and the lost call's wait are boxed: a future is as large as its
+        // largest state, and their timers and link waits made every renewal's and write's
+        // future 600 bytes, written afresh a thousand times a simulated second at scale.
         let answer = if kind == Call::Read {
-            match self.deliver(operation, apply).await {
-                Delivery::Applied(result) => {
-                    let base = self.shared.config.latency;
-                    Answer::over(self.link.reply(base, false).await, result)
-                }
-                Delivery::Lost => Answer::Lost,
-                Delivery::Refused(e) => Answer::Refused(e),
-            }
+            Box::pin(self.read(operation, apply)).await
         } else {
             let (tx, rx) = tokio::sync::oneshot::channel();
             let this = self.clone();
@@ -388,7 +384,10 @@ impl SimStore {
             }
             Answer::Lost => {}
         }
-        tokio::time::sleep_until(sent + self.shared.config.request_timeout).await;
+        Box::pin(tokio::time::sleep_until(
+            sent + self.shared.config.request_timeout,
+        ))
+        .await;
         let write = kind == Call::Write;
         let source = format!(
             "no reply within {:?} (the simulated link lost the {})",
@@ -413,6 +412,22 @@ impl SimStore {
                 source,
             }
         })
+    }
+
+    /// A read's way to the store, its application there, and its reply's way back.
+    async fn read<T>(
+        &self,
+        operation: &'static str,
+        apply: impl FnOnce(&SimStore) -> Result<T>,
+    ) -> Answer<T> {
+        match self.deliver(operation, apply).await {
+            Delivery::Applied(result) => {
+                let base = self.shared.config.latency;
+                Answer::over(self.link.reply(base, false).await, result)
+            }
+            Delivery::Lost => Answer::Lost,
+            Delivery::Refused(e) => Answer::Refused(e),
+        }
     }
 
     /// Sends a write's or renewal's outcome back to its caller, `now` (the instant it landed):
