@@ -522,7 +522,7 @@ impl Session {
         }
         tracing::debug!(parent: &span, "session started");
         crate::metrics::record::session_started();
-        let task = Task::spawn(span, |cancel| renewer.run(next, cancel));
+        let task = Task::spawn_abortable(span, renewer.run(next));
         Ok(Session {
             handle: SessionHandle { inner },
             task: Mutex::new(Some(task)),
@@ -840,21 +840,10 @@ impl Renewer {
         }
     }
 
-    /// Renews from `next` on, every period after the last send, until cancelled, the lease
-    /// is gone, or the deadline passes.
-    ///
-    /// Cancellation is looked at once each time the task runs, here, not in each wait inside
-    /// (a renewal wakes the task twice, and each look takes two locks): the renewal loop is
-    /// dropped where it waits, which is all a cancelled renewer has to do.
-    async fn run(self, next: Instant, cancel: CancellationToken) {
-        tokio::select! {
-            biased;
-            _ = cancel.cancelled() => {}
-            _ = self.renew_until_ended(next) => {}
-        }
-    }
-
-    async fn renew_until_ended(mut self, mut next: Instant) {
+    /// Renews from `next` on, every period after the last send, until the lease is gone or
+    /// the deadline passes. Stopped by being dropped where it waits
+    /// ([`Task::spawn_abortable`]): a cancelled renewer has nothing else to do.
+    async fn run(mut self, mut next: Instant) {
         let inner = self.inner.clone();
         // One waiter for the asks to renew now, armed again after each: a fresh one per
         // renewal was registered and unregistered for nothing nearly every time. An ask made
