@@ -72,16 +72,13 @@ pub(crate) fn watch_stream(
     let stream = async_stream::stream! {
         let guard = guard;
         // Like etcd, notify progress only after a whole interval without events.
-        let mut next_tick = progress.map(|every| Instant::now() + every);
         let mut sent_since_tick = false;
         let mut link_rx = link.link.subscribe();
+        // One timer for the stream's life, moved at each tick: a fresh one per event was
+        // registered and torn down once for each of thousands of streams' events.
+        let tick = tokio::time::sleep_until(Instant::now() + progress.unwrap_or_default());
+        tokio::pin!(tick);
         loop {
-            let tick = async {
-                match next_tick {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
             tokio::select! {
                 biased;
                 // A fault on the link: the stream stalls while it lasts, and dies with the
@@ -125,9 +122,9 @@ pub(crate) fn watch_stream(
                     }
                     None => break,
                 },
-                _ = tick => {
+                _ = tick.as_mut(), if progress.is_some() => {
                     let every = progress.expect("ticks only with progress");
-                    next_tick = Some(Instant::now() + every);
+                    tick.as_mut().reset(Instant::now() + every);
                     if std::mem::take(&mut sent_since_tick) {
                         continue;
                     }

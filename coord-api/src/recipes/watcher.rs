@@ -35,7 +35,6 @@ use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use imbl::ordmap::{DiffItem, OrdMap};
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
 use super::retry::{self, Backoff};
 use super::task::Task;
@@ -390,7 +389,7 @@ impl ClusterWatcher {
         }
         w.backlog.extend(first);
         let span = tracing::info_span!("cluster_watcher", prefix = %w.config.prefix);
-        let task = Task::spawn(span, |cancel| w.run(cancel));
+        let task = Task::spawn_abortable(span, w.run());
         Ok(ClusterWatcher { view, events, task })
     }
 
@@ -492,7 +491,7 @@ impl Worker {
 
     async fn emit(&self, e: ClusterEvent) {
         crate::sync::explore::point().await;
-        // A consumer that went away is not an error; the task ends on cancel.
+        // A consumer that went away is not an error; the task ends when stopped.
         let _ = self.tx.send(e).await;
     }
 
@@ -555,23 +554,18 @@ impl Worker {
         }
     }
 
-    async fn run(mut self, cancel: CancellationToken) {
+    /// Follows the prefix until stopped. Stopped by being dropped where it waits
+    /// ([`Task::spawn_abortable`]): it holds nothing a stop must let go of, and a stop while
+    /// it waits for the consumer to make room ends it at once.
+    async fn run(mut self) {
         for e in std::mem::take(&mut self.backlog) {
-            tokio::select! {
-                biased;
-                _ = cancel.cancelled() => return,
-                _ = self.emit(e) => {}
-            }
+            self.emit(e).await;
         }
         // Every watch starts at the last revision seen, the listing's or an event's, never
         // the one after it (see the module docs).
         let mut from = self.view.revision.max(Revision(1));
         loop {
-            let outcome = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => return,
-                o = self.follow(from) => o,
-            };
+            let outcome = self.follow(from).await;
             if self.planted_skip_relist(&outcome).await {
                 from = self.view.revision.next();
                 continue;
@@ -596,11 +590,7 @@ impl Worker {
                         continue;
                     }
                     // The store is unreachable, or breaks every stream at once: back off.
-                    tokio::select! {
-                        biased;
-                        _ = cancel.cancelled() => return,
-                        _ = self.backoff.wait() => {}
-                    }
+                    self.backoff.wait().await;
                     continue;
                 }
                 None => crate::metrics::record::watcher_relisted(&self.config.prefix, "compacted"),
@@ -608,11 +598,7 @@ impl Worker {
             tracing::warn!(reason = %outcome, revision = %self.view.revision, "watch broken; re-listing");
             // Re-list until it works and is not behind what we have seen.
             loop {
-                let listed = tokio::select! {
-                    biased;
-                    _ = cancel.cancelled() => return,
-                    l = self.list() => l,
-                };
+                let listed = self.list().await;
                 match listed {
                     Ok(l) if l.0 >= self.view.revision => {
                         self.apply_listing(l).await;
@@ -634,11 +620,7 @@ impl Worker {
                         tracing::debug!(error = &e as &dyn std::error::Error, "re-list failed")
                     }
                 }
-                tokio::select! {
-                    biased;
-                    _ = cancel.cancelled() => return,
-                    _ = self.backoff.wait() => {}
-                }
+                self.backoff.wait().await;
             }
         }
     }

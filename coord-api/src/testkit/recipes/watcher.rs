@@ -207,6 +207,21 @@ pub async fn watcher_starts_on_more_hosts_than_its_buffer(fx: &dyn Fixture) {
     ));
 }
 
+/// A consumer that reads nothing leaves the task waiting for room in the buffer: a stop
+/// must still end it at once, and hand back what was queued.
+pub async fn watcher_stops_while_its_consumer_reads_nothing(fx: &dyn Fixture) {
+    let store = fx.store();
+    for i in 0..20 {
+        store.put_value(format!("full/h{i:02}"), "m").await.unwrap();
+    }
+    let mut config = ClusterWatcherConfig::new("full/");
+    config.buffer = 4;
+    let w = ClusterWatcher::start(store.clone(), config).await.unwrap();
+    store.put_value("full/late", "m").await.unwrap();
+    let queued = within(prompt(fx), "the stop of a watcher nobody reads", w.stop()).await;
+    assert_eq!(queued.len(), 4, "the buffer's worth was queued: {queued:?}");
+}
+
 /// Whoever reads an event and then the view finds the event's change in it.
 pub async fn watcher_view_already_holds_each_event_it_emits(fx: &dyn Fixture) {
     let store = fx.store();
