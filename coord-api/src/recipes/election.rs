@@ -528,13 +528,8 @@ impl Leadership {
         let lost = Arc::new(watch::Sender::new(None));
         let span = tracing::info_span!("leadership", election = %key.name, token = %key.token);
         let watching = watch_loss(store.clone(), session.clone(), key.clone(), lost.clone());
-        let watcher = Task::spawn(span, |cancel| async move {
-            tokio::select! {
-                biased;
-                _ = cancel.cancelled() => {}
-                _ = watching => {}
-            }
-        });
+        // Nothing to let go of when stopped: dropped where it waits.
+        let watcher = Task::spawn_abortable(span, watching);
         if let Some(h) = &held {
             h.fetch_add(1, Ordering::SeqCst);
         }
