@@ -73,7 +73,7 @@ mod tests {
         let at = |s: u64| t0 + Duration::from_secs(s);
         let mut leases: BTreeMap<LeaseId, Instant> = BTreeMap::new();
         let mut d = Deadlines::default();
-        let mut set = |leases: &mut BTreeMap<LeaseId, Instant>, d: &mut Deadlines, id, s| {
+        let set = |leases: &mut BTreeMap<LeaseId, Instant>, d: &mut Deadlines, id, s| {
             leases.insert(LeaseId(id), at(s));
             d.set(at(s), LeaseId(id));
         };
