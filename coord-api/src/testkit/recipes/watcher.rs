@@ -176,15 +176,28 @@ pub async fn watcher_stream_ends_when_stopped_or_dropped(fx: &dyn Fixture) {
     .await;
 }
 
+/// Registers 20 hosts under `prefix`; a watcher's configuration for it with room for 4
+/// events.
+async fn twenty_hosts_for_a_buffer_of_four(
+    store: &Arc<DynKvLeaseStore>,
+    prefix: &str,
+) -> ClusterWatcherConfig {
+    for i in 0..20 {
+        store
+            .put_value(format!("{prefix}h{i:02}"), "m")
+            .await
+            .unwrap();
+    }
+    let mut config = ClusterWatcherConfig::new(prefix);
+    config.buffer = 4;
+    config
+}
+
 /// A first listing larger than the event buffer: `start` must return (the events that do
 /// not fit are emitted once the consumer reads), and every host still comes up, once.
 pub async fn watcher_starts_on_more_hosts_than_its_buffer(fx: &dyn Fixture) {
     let store = fx.store();
-    for i in 0..20 {
-        store.put_value(format!("big/h{i:02}"), "m").await.unwrap();
-    }
-    let mut config = ClusterWatcherConfig::new("big/");
-    config.buffer = 4;
+    let config = twenty_hosts_for_a_buffer_of_four(&store, "big/").await;
     let mut w = within(
         prompt(fx),
         "start with 20 hosts and a buffer of 4",
@@ -211,11 +224,7 @@ pub async fn watcher_starts_on_more_hosts_than_its_buffer(fx: &dyn Fixture) {
 /// must still end it at once, and hand back what was queued.
 pub async fn watcher_stops_while_its_consumer_reads_nothing(fx: &dyn Fixture) {
     let store = fx.store();
-    for i in 0..20 {
-        store.put_value(format!("full/h{i:02}"), "m").await.unwrap();
-    }
-    let mut config = ClusterWatcherConfig::new("full/");
-    config.buffer = 4;
+    let config = twenty_hosts_for_a_buffer_of_four(&store, "full/").await;
     let w = ClusterWatcher::start(store.clone(), config).await.unwrap();
     store.put_value("full/late", "m").await.unwrap();
     let queued = within(prompt(fx), "the stop of a watcher nobody reads", w.stop()).await;
