@@ -643,20 +643,25 @@ async fn next_answer(stream: &mut coord_api::WatchStream) -> coord_api::WatchRes
     .expect("no error")
 }
 
+/// A store notifying progress `every` so often, a client of it, and that client's watch of
+/// prefix `k` asking for progress notifications.
+async fn progress_watch(every: Duration) -> (SimStore, SimStore, coord_api::WatchStream) {
+    let sim =
+        SimStore::with_config(coord_sim::SimConfig::default().with_progress_notify_interval(every));
+    let client = sim.connect();
+    let stream = client
+        .watch(coord_api::WatchRequest::prefix("k").with_progress_notify())
+        .await
+        .unwrap();
+    (sim, client, stream)
+}
+
 /// A progress notification says that every event up to its revision was delivered: it never
 /// comes while an event is still on its way back over a slow link.
 #[tokio::test(start_paused = true)]
 async fn a_progress_notification_waits_for_deliveries_on_their_way() {
-    use coord_api::WatchRequest;
-
     let every = Duration::from_millis(100);
-    let sim =
-        SimStore::with_config(coord_sim::SimConfig::default().with_progress_notify_interval(every));
-    let client = sim.connect();
-    let mut stream = client
-        .watch(WatchRequest::prefix("k").with_progress_notify())
-        .await
-        .unwrap();
+    let (sim, client, mut stream) = progress_watch(every).await;
     let quiet = next_answer(&mut stream).await;
     assert!(
         quiet.events.is_empty(),
@@ -682,17 +687,10 @@ async fn a_progress_notification_waits_for_deliveries_on_their_way() {
 /// and no progress notification in between: one would claim events delivered that were not.
 #[tokio::test(start_paused = true)]
 async fn a_closed_stream_notifies_no_progress_ahead_of_its_last_events() {
-    use coord_api::WatchRequest;
     use futures::StreamExt;
 
     let every = Duration::from_millis(100);
-    let sim =
-        SimStore::with_config(coord_sim::SimConfig::default().with_progress_notify_interval(every));
-    let client = sim.connect();
-    let mut stream = client
-        .watch(WatchRequest::prefix("k").with_progress_notify())
-        .await
-        .unwrap();
+    let (sim, client, mut stream) = progress_watch(every).await;
     client.set_reply_latency(every * 5);
     let written = sim.put_value("k1", "v").await.unwrap();
     sim.close_streams();
