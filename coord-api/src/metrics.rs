@@ -1,8 +1,9 @@
 //! What the recipes measure, through the [`metrics`](https://docs.rs/metrics) facade.
 //!
 //! The library records; it never installs a recorder or an exporter. Without one, every
-//! call is a no-op. Install one (Prometheus, StatsD, OpenTelemetry, ...) in the service and
-//! these appear:
+//! call is a no-op. Install one (Prometheus, StatsD, OpenTelemetry, ...) in the service, before
+//! it starts sessions and watchers (each registers its per-renewal and per-batch metrics once,
+//! when it starts, with the recorder then in place), and these appear:
 //!
 //! | name | kind | labels | what |
 //! |------|------|--------|------|
