@@ -431,8 +431,8 @@ impl SimStore {
     }
 
     /// Sends a write's or renewal's outcome back to its caller, `now` (the instant it landed):
-    /// a refusal at once, an applied one over the reply's way (on the arrival queue unless the link is held), nothing for a
-    /// lost request.
+    /// a refusal at once, an applied one over the reply's way (on the arrival queue unless the
+    /// link is held), nothing for a lost request.
     fn answer<T: Send + 'static>(
         &self,
         landed: Delivery<T>,
