@@ -57,6 +57,7 @@ macro_rules! recipe_tests {
             watcher::watcher_stream_ends_when_stopped_or_dropped,
             watcher::watcher_starts_on_more_hosts_than_its_buffer,
             watcher::watcher_stops_while_its_consumer_reads_nothing,
+            watcher::watcher_stops_while_a_relist_waits_for_its_consumer,
             watcher::watcher_view_already_holds_each_event_it_emits,
             watcher::watcher_view_already_holds_each_event_of_a_relist,
             watcher::watcher_views_tell_what_changed_between_them,

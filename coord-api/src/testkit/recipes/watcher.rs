@@ -231,6 +231,48 @@ pub async fn watcher_stops_while_its_consumer_reads_nothing(fx: &dyn Fixture) {
     assert_eq!(queued.len(), 4, "the buffer's worth was queued: {queued:?}");
 }
 
+/// A consumer that reads nothing while the watcher re-lists (its resume point compacted
+/// away) leaves the task waiting for room in the middle of the re-list's events: a stop must
+/// still end it at once.
+pub async fn watcher_stops_while_a_relist_waits_for_its_consumer(fx: &dyn Fixture) {
+    let store = fx.store();
+    let client = fx.client().await;
+    store.put_value("wait/h0", "m").await.unwrap();
+    let mut config = ClusterWatcherConfig::new("wait/");
+    config.buffer = 1;
+    let w = ClusterWatcher::start(client.store.clone(), config)
+        .await
+        .unwrap();
+    let mut view = w.subscribe_view();
+    // Its buffer holds h0's HostUp; cut it off, add hosts, compact past its resume point.
+    client.cut_off(true);
+    client.close_streams().await;
+    for i in 1..6 {
+        store.put_value(format!("wait/h{i}"), "m").await.unwrap();
+    }
+    let rev = store.current_revision().await.unwrap();
+    store.compact(rev).await.unwrap();
+    client.cut_off(false);
+    // The re-listed view is published before its events, which wait for room. As in
+    // `converge`: a few round trips, plus a request sent into the cut waited out.
+    within(
+        prompt(fx) * 5 + fx.request_timeout(),
+        "the re-listed view",
+        async {
+            while view.get_and_update().len() < 6 {
+                view.changed().await.unwrap();
+            }
+        },
+    )
+    .await;
+    within(
+        prompt(fx),
+        "the stop of a watcher blocked in a re-list",
+        w.stop(),
+    )
+    .await;
+}
+
 /// Whoever reads an event and then the view finds the event's change in it.
 pub async fn watcher_view_already_holds_each_event_it_emits(fx: &dyn Fixture) {
     let store = fx.store();
