@@ -16,8 +16,8 @@ use std::time::Duration;
 use coord_api::recipes::{
     Fence, HostSession, LossReason, Mutex, MutexGuard, Permit, Semaphore, SessionHandle,
 };
+use coord_api::sync::Stop;
 use coord_api::{Error, PutRequest, Revision, TxnRequest};
-use tokio_util::sync::CancellationToken;
 
 use crate::history::{Happening, Outcome};
 use crate::rng::Rng;
@@ -125,13 +125,13 @@ pub(crate) async fn locker(
     node: Node,
     host: HostSession,
     mut rng: Rng,
-    stop: CancellationToken,
+    stop: Stop,
 ) -> coord_api::Result<()> {
     let ttl = node.scenario().ttl;
     // Every session it queued under: after a store restart refreshed an abandoned lease, a
     // key under it lives on.
     let mut sessions = Vec::new();
-    while !stop.is_cancelled() {
+    while !stop.is_stopped() {
         let Some(guard) = take(what, &node, &host, &mut rng, &stop, &mut sessions).await else {
             continue;
         };
@@ -167,7 +167,7 @@ async fn take(
     node: &Node,
     host: &HostSession,
     rng: &mut Rng,
-    stop: &CancellationToken,
+    stop: &Stop,
     sessions: &mut Vec<SessionHandle>,
 ) -> Option<Guard> {
     let s = node.scenario();
@@ -220,7 +220,7 @@ async fn take(
     };
     tokio::select! {
         biased;
-        _ = stop.cancelled() => None,
+        _ = stop.stopped() => None,
         got = attempt => got,
     }
 }
@@ -231,7 +231,7 @@ async fn hold(
     node: &Node,
     guard: &Guard,
     rng: &mut Rng,
-    stop: &CancellationToken,
+    stop: &Stop,
     ttl: Duration,
 ) -> Held {
     let until = tokio::time::Instant::now()
@@ -241,7 +241,7 @@ async fn hold(
         tokio::select! {
             biased;
             _ = guard.lost() => return Held::Lost,
-            _ = stop.cancelled() => return Held::Stopped,
+            _ = stop.stopped() => return Held::Stopped,
             _ = tokio::time::sleep_until(until) => return Held::LetGo,
             _ = tokio::time::sleep(ttl / 8) => {}
         }
@@ -271,7 +271,7 @@ async fn hold(
         tokio::select! {
             biased;
             _ = guard.lost() => return Held::Lost,
-            _ = stop.cancelled() => return Held::Stopped,
+            _ = stop.stopped() => return Held::Stopped,
             _ = write => {}
         }
     }

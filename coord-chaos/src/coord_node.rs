@@ -14,11 +14,11 @@ use coord_api::recipes::{
     HostRegistration, HostSession, RegistrationConfig, RegistrationStatus, SessionConfig, Term,
 };
 use coord_api::sync::watch;
+use coord_api::sync::Stop;
 use coord_api::{Error, PutRequest, TxnRequest};
 use futures::future::BoxFuture;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{sleep_until, Instant};
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::check::{self, FencedWrites, Invariant, Permits};
@@ -84,10 +84,14 @@ async fn run(node: Node) {
     let mut registration_back: Option<Instant> = None;
     let mut pool_back: Option<Instant> = None;
     let far = || Instant::now() + Duration::from_secs(3600 * 24);
+    // One wait for the whole loop: each turn polls it again, and a fresh one each turn would
+    // register and unregister a waiter every time.
+    let stopping = node.stopping();
+    tokio::pin!(stopping);
     loop {
         tokio::select! {
             biased;
-            _ = node.stopping() => break,
+            _ = &mut stopping => break,
             Some(req) = parts.recv() => match req.pick % 3 {
                 0 => if let Some(r) = registration.take_running().await {
                     stop_part(&node, Part::Registration, r.stop()).await;
@@ -107,7 +111,7 @@ async fn run(node: Node) {
                 // (the rolling restart's new incarnation is up) must not wait for it.
                 tokio::select! {
                     biased;
-                    _ = node.stopping() => break,
+                    _ = &mut stopping => break,
                     _ = registration.update(&node, generation) => {}
                 }
                 next_metadata = Instant::now() + metadata_period(&mut rng, node.scenario());
@@ -305,7 +309,7 @@ struct Pool {
     /// The lock and semaphore parts (`coord_locker`), stopped with the candidates.
     lock: JoinSet<coord_api::Result<()>>,
     loops: JoinSet<()>,
-    stop: CancellationToken,
+    stop: Stop,
     /// Per election: resign now, then wait this long before campaigning again.
     resign: Vec<Arc<watch::Sender<Option<PartStopRequest>>>>,
 }
@@ -313,7 +317,7 @@ struct Pool {
 impl Pool {
     fn start(node: &Node, host: &HostSession, rng: &mut Rng) -> Pool {
         let pool = ElectionPool::on(host);
-        let stop = CancellationToken::new();
+        let stop = Stop::new();
         let mut loops = JoinSet::new();
         let mut resign = Vec::new();
         for e in 0..node.scenario().elections {
@@ -356,7 +360,7 @@ impl Pool {
     /// Stops the candidates (each resigns what it leads), then the pool (its candidate keys
     /// deleted; the host's lease lives on).
     async fn stop(mut self) -> coord_api::Result<()> {
-        self.stop.cancel();
+        self.stop.stop();
         while self.loops.join_next().await.is_some() {}
         let mut parts = Ok(());
         while let Some(part) = self.lock.join_next().await {
@@ -375,7 +379,7 @@ async fn candidacy(
     pool: ElectionPool,
     e: usize,
     mut rng: Rng,
-    stop: CancellationToken,
+    stop: Stop,
     resign: Arc<watch::Sender<Option<PartStopRequest>>>,
 ) {
     let name = election_name(e);
@@ -389,7 +393,7 @@ async fn candidacy(
         let req = loop {
             tokio::select! {
                 biased;
-                _ = stop.cancelled() => {
+                _ = stop.stopped() => {
                     let _ = candidate.stop().await;
                     return;
                 }
@@ -409,7 +413,7 @@ async fn candidacy(
         stop_part(&node, part.clone(), candidate.stop()).await;
         tokio::select! {
             biased;
-            _ = stop.cancelled() => return,
+            _ = stop.stopped() => return,
             _ = tokio::time::sleep(req.length) => {}
         }
         node.record(Happening::PartStarted {

@@ -188,7 +188,7 @@ impl InProcess {
         // Bounded: a new incarnation that cannot come up (its link is faulty) does not keep
         // the old one alive forever.
         let _ = tokio::time::timeout(self.scenario.ttl * 2, ready.wait_for(|r| *r)).await;
-        old.control.stop.cancel();
+        old.control.stop.stop();
         if let Some(task) = old.task.take() {
             let _ = task.await;
         }

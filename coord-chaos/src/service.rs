@@ -4,10 +4,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use coord_api::sync::watch;
+use coord_api::sync::Stop;
 use coord_api::{DynKvLeaseStore, Revision};
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 
 use crate::check::Invariant;
 use crate::history::{Happening, Incarnation};
@@ -63,7 +63,7 @@ struct Inner {
     scenario: Arc<Scenario>,
     seed: u64,
     paused: watch::Receiver<bool>,
-    stop: CancellationToken,
+    stop: Stop,
     ready: watch::Sender<bool>,
     part_stops: Mutex<Option<mpsc::UnboundedReceiver<PartStopRequest>>>,
 }
@@ -103,7 +103,7 @@ pub(crate) async fn run_node(service: Arc<dyn Service>, node: Node) {
 /// The run's side of a [`Node`]: how a world signals it (its pauses come from the world's
 /// own switch, which outlives incarnations).
 pub(crate) struct NodeControl {
-    pub(crate) stop: CancellationToken,
+    pub(crate) stop: Stop,
     pub(crate) ready: watch::Receiver<bool>,
     pub(crate) part_stops: mpsc::UnboundedSender<PartStopRequest>,
 }
@@ -120,7 +120,7 @@ impl Node {
     ) -> (Node, NodeControl) {
         let (ready, ready_rx) = watch::channel(false);
         let (parts_tx, parts) = mpsc::unbounded_channel();
-        let stop = CancellationToken::new();
+        let stop = Stop::new();
         let node = Node {
             inner: Arc::new(Inner {
                 who,
@@ -239,12 +239,12 @@ impl Node {
 
     /// Resolves when the node is asked to stop gracefully.
     pub async fn stopping(&self) {
-        self.inner.stop.cancelled().await
+        self.inner.stop.stopped().await
     }
 
     /// Whether the node is asked to stop.
     pub fn is_stopping(&self) -> bool {
-        self.inner.stop.is_cancelled()
+        self.inner.stop.is_stopped()
     }
 
     /// Waits while a pause (a GC pause, the `pause` fault) stalls the node's actions: call it

@@ -24,9 +24,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::sync::Stop;
 use bytes::Bytes;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use super::election::{Fence, Leadership, LossReason};
 use super::pool::ElectionPool;
@@ -100,7 +100,7 @@ pub struct Term {
     number: u64,
     key: LeaderKey,
     fence: Fence,
-    over: CancellationToken,
+    over: Stop,
 }
 
 impl Term {
@@ -135,12 +135,12 @@ impl Term {
     /// Resolves when the term is over (the leadership lost, or the candidate stopping): the
     /// work must then return.
     pub async fn over(&self) {
-        self.over.cancelled().await;
+        self.over.stopped().await;
     }
 
     /// Whether the term is over.
     pub fn is_over(&self) -> bool {
-        self.over.is_cancelled()
+        self.over.is_stopped()
     }
 
     /// Why the leadership was lost, if it was: `None` while it leads, and for a term handed
@@ -298,7 +298,7 @@ async fn run<W, F>(
     pool: ElectionPool,
     config: CandidateConfig,
     mut work: W,
-    cancel: CancellationToken,
+    cancel: Stop,
     status: &watch::Sender<CandidateStatus>,
 ) -> Result<()>
 where
@@ -311,7 +311,7 @@ where
     loop {
         let won = tokio::select! {
             biased;
-            _ = cancel.cancelled() => return Ok(()),
+            _ = cancel.stopped() => return Ok(()),
             r = pool.campaign(&config.name, config.value.clone()) => r,
         };
         let leadership = match won {
@@ -332,7 +332,7 @@ where
                 );
                 tokio::select! {
                     biased;
-                    _ = cancel.cancelled() => return Ok(()),
+                    _ = cancel.stopped() => return Ok(()),
                     _ = tokio::time::sleep(delay) => continue,
                 }
             }
@@ -347,7 +347,7 @@ where
         }
         tokio::select! {
             biased;
-            _ = cancel.cancelled() => return Ok(()),
+            _ = cancel.stopped() => return Ok(()),
             _ = tokio::time::sleep(config.rest) => {}
         }
     }
@@ -367,7 +367,7 @@ async fn term<W, F>(
     leadership: Leadership,
     number: u64,
     work: &mut W,
-    cancel: &CancellationToken,
+    cancel: &Stop,
     status: &watch::Sender<CandidateStatus>,
 ) -> TermEnd
 where
@@ -375,7 +375,7 @@ where
     F: Future<Output = ()> + Send + 'static,
 {
     let token = leadership.token();
-    let over = CancellationToken::new();
+    let over = Stop::new();
     let t = Term {
         number,
         key: leadership.key().clone(),
@@ -388,12 +388,12 @@ where
     let mut running = Box::pin(work(t));
     let end = tokio::select! {
         biased;
-        _ = cancel.cancelled() => End::Stopping,
+        _ = cancel.stopped() => End::Stopping,
         why = leadership.lost() => End::Lost(why),
         () = step_down(&leadership, grace) => End::SteppedDown,
         () = &mut running => End::Returned,
     };
-    over.cancel();
+    over.stop();
     if !matches!(end, End::Returned) {
         // The work has its grace, and never past the deadline: the store may elect someone
         // else from then on.
@@ -407,7 +407,7 @@ where
     match end {
         End::Lost(why) => {
             tracing::info!(token = %token, reason = %why, "term lost");
-            if cancel.is_cancelled() {
+            if cancel.is_stopped() {
                 TermEnd::Stopped(Ok(()))
             } else {
                 TermEnd::Over
@@ -418,7 +418,7 @@ where
             // leader, and the key goes with the lease otherwise.
             let resigned = leadership.resign().await;
             tracing::info!(token = %token, resigned = resigned.is_ok(), "stepped down before the deadline");
-            if cancel.is_cancelled() {
+            if cancel.is_stopped() {
                 TermEnd::Stopped(Ok(()))
             } else {
                 TermEnd::Over
@@ -427,7 +427,7 @@ where
         End::Returned | End::Stopping => {
             let resigned = leadership.resign().await;
             tracing::info!(token = %token, how = end.describe(), "term over; resigned");
-            if cancel.is_cancelled() {
+            if cancel.is_stopped() {
                 TermEnd::Stopped(resigned)
             } else {
                 TermEnd::Over

@@ -13,8 +13,8 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::sync::Stop;
 use bytes::Bytes;
-use tokio_util::sync::CancellationToken;
 
 use super::election::{Election, Leadership};
 use super::host::HostSession;
@@ -64,7 +64,7 @@ struct Inner {
     names: Mutex<BTreeSet<String>>,
     stopped: AtomicBool,
     /// Cancelled by `stop`: ends the pool's campaigns still running.
-    stopping: CancellationToken,
+    stopping: Stop,
     held: Arc<AtomicUsize>,
 }
 
@@ -87,7 +87,7 @@ impl ElectionPool {
                 owned,
                 names: Mutex::default(),
                 stopped: AtomicBool::new(false),
-                stopping: CancellationToken::new(),
+                stopping: Stop::new(),
                 held: Arc::new(AtomicUsize::new(0)),
             }),
         }
@@ -147,7 +147,7 @@ impl ElectionPool {
     async fn until_stopped<T>(&self, campaign: impl Future<Output = Result<T>>) -> Result<T> {
         tokio::select! {
             biased;
-            _ = self.inner.stopping.cancelled() => Err(Error::Cancelled {
+            _ = self.inner.stopping.stopped() => Err(Error::Cancelled {
                 operation: "campaign (election pool stopped)",
             }),
             r = campaign => r,
@@ -202,7 +202,7 @@ impl ElectionPool {
     pub async fn stop(self) -> Result<()> {
         let inner = &self.inner;
         inner.stopped.store(true, Ordering::SeqCst);
-        inner.stopping.cancel();
+        inner.stopping.stop();
         if inner.owned {
             return inner.host.clone().stop().await;
         }

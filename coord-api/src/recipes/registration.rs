@@ -24,9 +24,9 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::sync::Stop;
 use bytes::Bytes;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::follow::{Change, Follow};
@@ -596,7 +596,7 @@ async fn register(shared: &Shared) -> Result<Held> {
 
 /// Registers (unless `first` did) and keeps the key while the session lives; heals when it
 /// dies.
-async fn run(shared: Arc<Shared>, first: Option<Held>, cancel: CancellationToken) {
+async fn run(shared: Arc<Shared>, first: Option<Held>, cancel: Stop) {
     let cfg = &shared.config;
     let seed = cfg.backoff_seed ^ retry::seed(&[cfg.key.as_bytes()]);
     let mut backoff = Backoff::new(cfg.initial_backoff, cfg.max_backoff, seed);
@@ -619,7 +619,7 @@ async fn run(shared: Arc<Shared>, first: Option<Held>, cancel: CancellationToken
         // Hold the key until the session ends (or the registration stops).
         let end = tokio::select! {
             biased;
-            _ = cancel.cancelled() => return,
+            _ = cancel.stopped() => return,
             end = hold(&shared, &session, revisions) => end,
         };
         tracing::warn!(lease_id = %session.lease(), reason = %end, "registration lost; healing");
@@ -640,7 +640,7 @@ async fn run(shared: Arc<Shared>, first: Option<Held>, cancel: CancellationToken
             shared
                 .status
                 .send_replace(RegistrationStatus::Healing { attempt: 0 });
-            cancel.cancelled().await;
+            cancel.stopped().await;
             return;
         }
     }
@@ -652,7 +652,7 @@ async fn establish(
     shared: &Shared,
     backoff: &mut Backoff,
     healing: bool,
-    cancel: &CancellationToken,
+    cancel: &Stop,
 ) -> Option<Held> {
     let mut attempt = 0;
     loop {
@@ -670,7 +670,7 @@ async fn establish(
         };
         tokio::select! {
             biased;
-            _ = cancel.cancelled() => return None,
+            _ = cancel.stopped() => return None,
             _ = tokio::time::sleep(delay) => {}
         }
         // A cancel that lands during the attempt waits for it: the attempt has published

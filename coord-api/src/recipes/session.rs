@@ -23,9 +23,9 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::sync::Stop;
 use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant, Sleep};
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::retry::{self, Backoff};
@@ -193,7 +193,7 @@ struct Inner {
 struct CampaignSlot {
     turn: Arc<tokio::sync::Mutex<()>>,
     /// The pending withdrawal; the next campaign calls it off.
-    withdrawal: Mutex<Option<CancellationToken>>,
+    withdrawal: Mutex<Option<Stop>>,
 }
 
 impl CampaignSlot {
@@ -204,7 +204,7 @@ impl CampaignSlot {
             .unwrap_or_else(|p| p.into_inner())
             .take()
         {
-            t.cancel();
+            t.stop();
         }
     }
 }
@@ -346,14 +346,14 @@ impl SessionHandle {
     pub(crate) fn cleanup(&self, name: &str) -> Cleanup {
         let slot = self.slot(name);
         Cleanup::HandOff(Box::new(move |store, leader| {
-            let called_off = CancellationToken::new();
+            let called_off = Stop::new();
             if let Some(old) = slot
                 .withdrawal
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .replace(called_off.clone())
             {
-                old.cancel();
+                old.stop();
             }
             let Ok(rt) = tokio::runtime::Handle::try_current() else {
                 return;
@@ -363,10 +363,10 @@ impl SessionHandle {
                 loop {
                     let turn = tokio::select! {
                         biased;
-                        _ = called_off.cancelled() => return,
+                        _ = called_off.stopped() => return,
                         turn = slot.turn.clone().lock_owned() => turn,
                     };
-                    if called_off.is_cancelled() {
+                    if called_off.is_stopped() {
                         return;
                     }
                     let result = withdraw(&*store, &leader).await;
@@ -391,7 +391,7 @@ impl SessionHandle {
                     }
                     tokio::select! {
                         biased;
-                        _ = called_off.cancelled() => return,
+                        _ = called_off.stopped() => return,
                         _ = backoff.wait() => {}
                     }
                 }
