@@ -427,18 +427,10 @@ impl State {
 
     fn apply_put(&mut self, p: &mut Pending, req: &PutRequest) -> PutResponse {
         let lease = req.lease.unwrap_or(LeaseId::NONE);
-        let prev = self.current(&req.key).cloned();
-        if let Some(old) = prev.as_ref().filter(|kv| !kv.lease.is_none()) {
-            if let Some(l) = self.leases.get_mut(&old.lease) {
-                l.keys.remove(&req.key);
-            }
-        }
-        if let Some(l) = self.leases.get_mut(&lease) {
-            l.keys.insert(req.key.clone());
-        }
-        if prev.is_none() {
-            self.created.created(&req.key, p.revision);
-        }
+        // One look-up of the key for reading and writing it: keys share long prefixes, and
+        // each comparison on the way down the map is a `memcmp`.
+        let versions = self.keys.entry(req.key.clone()).or_default();
+        let prev = Self::value_at(versions, None).cloned();
         let kv = KeyValue {
             key: req.key.clone(),
             value: req.value.clone(),
@@ -447,10 +439,20 @@ impl State {
             version: prev.as_ref().map_or(1, |kv| kv.version + 1),
             lease,
         };
-        self.keys
-            .entry(req.key.clone())
-            .or_default()
-            .push(Version::Live(kv.clone()));
+        versions.push(Version::Live(kv.clone()));
+        let old_lease = prev.as_ref().map_or(LeaseId::NONE, |kv| kv.lease);
+        // A key rewritten under its lease (a metadata update) stays in that lease's set.
+        if old_lease != lease {
+            if let Some(l) = self.leases.get_mut(&old_lease) {
+                l.keys.remove(&req.key);
+            }
+            if let Some(l) = self.leases.get_mut(&lease) {
+                l.keys.insert(req.key.clone());
+            }
+        }
+        if prev.is_none() {
+            self.created.created(&req.key, p.revision);
+        }
         p.events.push(Event {
             kind: EventKind::Put,
             kv,
