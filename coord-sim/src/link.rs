@@ -142,14 +142,6 @@ impl Link {
         base + Duration::from_nanos(self.latency_ns.load(Ordering::SeqCst))
     }
 
-    /// The reply's way back: held while the link is, then `base` plus the client's reply
-    /// latency. Lost when the link is cut or deaf as it arrives, or when a lost reply is due
-    /// (writes only).
-    pub(crate) async fn reply(&self, base: Duration, write: bool) -> Leg {
-        self.reply_way(base).await;
-        self.replied(write)
-    }
-
     /// The reply's way back up to its arrival: held while the link is, then `base` plus the
     /// client's reply latency.
     pub(crate) async fn reply_way(&self, base: Duration) {
@@ -161,7 +153,7 @@ impl Link {
     }
 
     /// When a reply sent at `now` (the caller's reading of the clock) reaches the client, as
-    /// [`reply`](Self::reply) would take it there; `None` while the link is held. Whether it
+    /// [`reply_way`](Self::reply_way) would take it there; `None` while the link is held. Whether it
     /// is lost is for [`replied`](Self::replied) to tell then.
     pub(crate) fn reply_arrival(&self, now: Instant, base: Duration) -> Option<Instant> {
         (!self.state().held).then(|| now + base + self.reply_latency())

@@ -80,7 +80,7 @@ impl Sink {
 /// when its reply is lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Call {
-    /// Changes nothing: dropped with its caller.
+    /// Changes nothing: not applied once its caller stopped waiting.
     Read,
     /// A write: goes on without its caller; may lose its reply to `lose_replies`.
     Write,
@@ -332,7 +332,7 @@ impl SimStore {
     /// a lost reply) fails the call once the request timeout, counted from the send, has
     /// passed: a read or a renewal with `Unavailable`, a write with `Indeterminate` (it may
     /// have applied). A write or a renewal goes on to the store if its caller stops waiting
-    /// for it, as a request already on the wire does.
+    /// for it, as a request already on the wire does; a read is not applied then.
     pub(crate) async fn call<T: Send + 'static>(
         &self,
         operation: &'static str,
@@ -340,37 +340,28 @@ impl SimStore {
         apply: impl FnOnce(&SimStore) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         let sent = Instant::now();
-        // The read's way and the lost call's wait are boxed: a future is as large as its
-        // largest state, and their timers and link waits made every renewal's and write's
-        // future 600 bytes, written afresh a thousand times a simulated second at scale.
-        let answer = if kind == Call::Read {
-            Box::pin(self.read(operation, apply)).await
-        } else {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            let this = self.clone();
-            match self.link.arrival(sent, self.shared.config.latency) {
-                // On the wire: it lands whether or not this caller still waits, and its reply
-                // comes back on the same queue, one wake-up for the caller in all.
-                Some(at) => self.shared.arrivals.push(
-                    at,
-                    Box::new(move |now| {
-                        let landed = match this.link.arrived() {
-                            Leg::Lost => Delivery::Lost,
-                            Leg::Delivered => this.arrive(operation, apply),
-                        };
-                        this.answer(landed, kind, tx, now);
-                    }),
-                ),
-                // Held: it waits out the hold on its own, then goes the same way.
-                None => {
-                    tokio::spawn(async move {
-                        let landed = this.deliver(operation, apply).await;
-                        this.answer(landed, kind, tx, Instant::now());
-                    });
-                }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let this = self.clone();
+        match self.link.arrival(sent, self.shared.config.latency) {
+            // On the wire: it lands at its instant, in send order with every other call to
+            // this store, and its reply comes back on the same queue, one wake-up for the
+            // caller in all (a read took a timer and a wake-up each way).
+            Some(at) => self.shared.arrivals.push(
+                at,
+                Box::new(move |now| {
+                    let leg = this.link.arrived();
+                    this.land(leg, operation, kind, apply, tx, now);
+                }),
+            ),
+            // Held: it waits out the hold on its own, then goes the same way.
+            None => {
+                tokio::spawn(async move {
+                    let leg = this.link.request(this.shared.config.latency).await;
+                    this.land(leg, operation, kind, apply, tx, Instant::now());
+                });
             }
-            rx.await.unwrap_or(Answer::Lost)
-        };
+        }
+        let answer = rx.await.unwrap_or(Answer::Lost);
         match answer {
             Answer::Refused(e) => return Err(e),
             Answer::Replied(result) => {
@@ -414,23 +405,29 @@ impl SimStore {
         })
     }
 
-    /// A read's way to the store, its application there, and its reply's way back.
-    async fn read<T>(
+    /// A request reaching the store `now` over `leg`: applied unless lost or refused, its
+    /// outcome sent back. A read whose caller stopped waiting is not applied: it changes
+    /// nothing, and nobody waits for its answer.
+    fn land<T: Send + 'static>(
         &self,
+        leg: Leg,
         operation: &'static str,
+        kind: Call,
         apply: impl FnOnce(&SimStore) -> Result<T>,
-    ) -> Answer<T> {
-        match self.deliver(operation, apply).await {
-            Delivery::Applied(result) => {
-                let base = self.shared.config.latency;
-                Answer::over(self.link.reply(base, false).await, result)
-            }
-            Delivery::Lost => Answer::Lost,
-            Delivery::Refused(e) => Answer::Refused(e),
+        tx: tokio::sync::oneshot::Sender<Answer<T>>,
+        now: Instant,
+    ) {
+        if kind == Call::Read && tx.is_closed() {
+            return;
         }
+        let landed = match leg {
+            Leg::Lost => Delivery::Lost,
+            Leg::Delivered => self.arrive(operation, apply),
+        };
+        self.answer(landed, kind, tx, now);
     }
 
-    /// Sends a write's or renewal's outcome back to its caller, `now` (the instant it landed):
+    /// Sends a call's outcome back to its caller, `now` (the instant it landed):
     /// a refusal at once, an applied one over the reply's way (on the arrival queue unless the
     /// link is held), nothing for a lost request.
     fn answer<T: Send + 'static>(
@@ -477,18 +474,6 @@ impl SimStore {
             return;
         }
         let _ = tx.send(Answer::over(self.link.replied(write), result));
-    }
-
-    /// A request's way to the store, and its application there if it arrives.
-    async fn deliver<T>(
-        &self,
-        operation: &'static str,
-        apply: impl FnOnce(&SimStore) -> Result<T>,
-    ) -> Delivery<T> {
-        if self.link.request(self.shared.config.latency).await == Leg::Lost {
-            return Delivery::Lost;
-        }
-        self.arrive(operation, apply)
     }
 
     /// A request that reached the store: refused by a crashed store, else applied.
