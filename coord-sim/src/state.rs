@@ -552,13 +552,16 @@ impl State {
         events
             .iter()
             .filter(|e| w.range.contains(&e.kv.key))
+            // Field by field: a whole clone copied the previous value a second time, or only
+            // to drop it.
             .map(|e| Event {
+                kind: e.kind,
+                kv: e.kv.clone(),
                 prev_kv: if w.prev_kv && e.kv.mod_revision > compact_revision {
                     e.prev_kv.clone()
                 } else {
                     None
                 },
-                ..e.clone()
             })
             .collect()
     }
