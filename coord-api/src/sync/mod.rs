@@ -7,6 +7,7 @@
 
 pub mod explore;
 mod stop;
+mod waiters;
 pub mod watch;
 
 pub use stop::{Stop, Stopped};

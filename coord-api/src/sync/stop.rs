@@ -27,12 +27,13 @@
 //! # }
 //! ```
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
+
+use super::waiters::{Registration, Waiters};
 
 /// A stop signal; clones share it. See the [module docs](self).
 #[derive(Clone, Default)]
@@ -44,13 +45,6 @@ pub struct Stop {
 struct Shared {
     stopped: AtomicBool,
     waiters: Mutex<Waiters>,
-}
-
-/// The registered waits, by the order they registered in.
-#[derive(Default)]
-struct Waiters {
-    next: u64,
-    wakers: BTreeMap<u64, Waker>,
 }
 
 impl Shared {
@@ -81,8 +75,8 @@ impl Stop {
         }
         // Set before the lock is taken: a wait that registers after this finds it set under
         // the lock, and one that registered before is in the map taken here.
-        let wakers = std::mem::take(&mut self.shared.lock().wakers);
-        for waker in wakers.into_values() {
+        let wakers = self.shared.lock().take();
+        for waker in wakers {
             waker.wake();
         }
     }
@@ -96,7 +90,7 @@ impl Stop {
     pub fn stopped(&self) -> Stopped<'_> {
         Stopped {
             shared: &self.shared,
-            registered: None,
+            registered: Registration::default(),
         }
     }
 }
@@ -105,9 +99,7 @@ impl Stop {
 #[must_use = "futures do nothing unless polled"]
 pub struct Stopped<'a> {
     shared: &'a Shared,
-    /// The wait's place in the order, and the waker it left there (to tell, without the
-    /// lock, whether a new poll comes from the same task).
-    registered: Option<(u64, Waker)>,
+    registered: Registration,
 }
 
 impl Future for Stopped<'_> {
@@ -118,37 +110,24 @@ impl Future for Stopped<'_> {
         if this.shared.stopped.load(Ordering::Acquire) {
             return Poll::Ready(());
         }
-        if let Some((_, waker)) = &this.registered {
-            if waker.will_wake(cx.waker()) {
-                return Poll::Pending;
-            }
+        if this.registered.wakes(cx.waker()) {
+            return Poll::Pending;
         }
         let mut waiters = this.shared.lock();
         // Checked again under the lock: `stop` sets it before taking the lock.
         if this.shared.stopped.load(Ordering::Acquire) {
             return Poll::Ready(());
         }
-        let id = match &this.registered {
-            Some((id, _)) => *id,
-            None => {
-                waiters.next += 1;
-                waiters.next
-            }
-        };
-        waiters.wakers.insert(id, cx.waker().clone());
-        drop(waiters);
-        this.registered = Some((id, cx.waker().clone()));
+        waiters.register(&mut this.registered, cx.waker());
         Poll::Pending
     }
 }
 
 impl Drop for Stopped<'_> {
     fn drop(&mut self) {
-        // Once the signal is set the map is taken (or being taken) whole: nothing to remove.
-        if let Some((id, _)) = self.registered.take() {
-            if !self.shared.stopped.load(Ordering::Acquire) {
-                self.shared.lock().wakers.remove(&id);
-            }
+        // Once the signal is set the list is taken (or being taken) whole: nothing to remove.
+        if self.registered.is_registered() && !self.shared.stopped.load(Ordering::Acquire) {
+            self.shared.lock().remove(&mut self.registered);
         }
     }
 }
@@ -156,7 +135,7 @@ impl Drop for Stopped<'_> {
 impl std::fmt::Debug for Stopped<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stopped")
-            .field("registered", &self.registered.is_some())
+            .field("registered", &self.registered.is_registered())
             .finish()
     }
 }
@@ -195,7 +174,7 @@ mod tests {
         tokio::task::yield_now().await;
         gone.abort();
         let _ = gone.await;
-        assert_eq!(stop.shared.lock().wakers.len(), 5);
+        assert_eq!(stop.shared.lock().len(), 5);
         stop.stop();
         for t in tasks {
             t.await.unwrap();
@@ -218,7 +197,7 @@ mod tests {
             }
         });
         tokio::task::yield_now().await;
-        assert_eq!(stop.shared.lock().wakers.len(), 1, "re-registered in place");
+        assert_eq!(stop.shared.lock().len(), 1, "re-registered in place");
         stop.stop();
         tokio::time::timeout(std::time::Duration::from_secs(5), task)
             .await

@@ -5,8 +5,14 @@
 //! waiter of a watch channel in one of eight wait lists chosen by a random generator that only
 //! `--cfg tokio_unstable` builds can seed, so several tasks waiting on one channel wake in a
 //! different order from run to run, and a simulation does not replay from its seed. Here
-//! waiters wake in the order they started waiting (tokio's `Notify`, which is first in, first
-//! out), so the same inputs give the same interleaving in any build.
+//! waiters wake in the order they started waiting, first in first out, so the same inputs give
+//! the same interleaving in any build.
+//!
+//! A receiver keeps its place in the wait list from one wait to the next, until a change
+//! wakes it: a task that waits in a select loop, with a fresh `changed()` each turn, polls it
+//! again for a load and a comparison, with no lock taken and no waiter registered and torn
+//! down each turn. The price: a task that stopped waiting but keeps the receiver is woken by
+//! the next change, once, for nothing.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -19,9 +25,11 @@
 //! ```
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
 
-use tokio::sync::Notify;
+use super::waiters::{Registration, Waiters};
 
 /// The sending half; see the [module docs](self).
 pub struct Sender<T> {
@@ -33,6 +41,7 @@ pub struct Sender<T> {
 pub struct Receiver<T> {
     shared: Arc<Shared<T>>,
     seen: u64,
+    registered: Registration,
 }
 
 /// Every sender is gone: the value will not change again.
@@ -52,11 +61,15 @@ struct Slot<T> {
     /// Bumped by every change; receivers compare it with what they have seen.
     version: u64,
     closed: bool,
+    waiters: Waiters,
 }
 
 struct Shared<T> {
     slot: Mutex<Slot<T>>,
-    changed: Notify,
+    /// The slot's version and closed flag, set under its lock, for a receiver polled again
+    /// to look at without the lock.
+    version: AtomicU64,
+    closed: AtomicBool,
 }
 
 impl<T> Shared<T> {
@@ -82,8 +95,10 @@ impl<T> Sender<T> {
                     value,
                     version: 0,
                     closed: false,
+                    waiters: Waiters::default(),
                 }),
-                changed: Notify::new(),
+                version: AtomicU64::new(0),
+                closed: AtomicBool::new(false),
             }),
         }
     }
@@ -109,18 +124,16 @@ impl<T> Sender<T> {
     /// Changes the value in place; receivers are told only if `change` returns true. Returns
     /// what `change` returned.
     pub fn send_if_modified(&self, change: impl FnOnce(&mut T) -> bool) -> bool {
-        let modified = {
-            let mut slot = self.shared.lock();
-            let modified = change(&mut slot.value);
-            if modified {
-                slot.version += 1;
-            }
-            modified
-        };
-        if modified {
-            self.shared.changed.notify_waiters();
+        let mut slot = self.shared.lock();
+        if !change(&mut slot.value) {
+            return false;
         }
-        modified
+        slot.version += 1;
+        self.shared.version.store(slot.version, Ordering::Release);
+        let wakers = slot.waiters.take();
+        drop(slot);
+        wakers.for_each(std::task::Waker::wake);
+        true
     }
 
     /// A new receiver, which has seen the current value.
@@ -129,6 +142,7 @@ impl<T> Sender<T> {
         Receiver {
             shared: self.shared.clone(),
             seen,
+            registered: Registration::default(),
         }
     }
 
@@ -147,8 +161,12 @@ impl<T: Clone> Sender<T> {
 
 impl<T> Drop for Sender<T> {
     fn drop(&mut self) {
-        self.shared.lock().closed = true;
-        self.shared.changed.notify_waiters();
+        let mut slot = self.shared.lock();
+        slot.closed = true;
+        self.shared.closed.store(true, Ordering::Release);
+        let wakers = slot.waiters.take();
+        drop(slot);
+        wakers.for_each(std::task::Waker::wake);
     }
 }
 
@@ -169,23 +187,38 @@ impl<T> Receiver<T> {
     /// # Errors
     /// [`Closed`] once every sender is gone and nothing new is left to see.
     pub async fn changed(&mut self) -> Result<(), Closed> {
-        loop {
-            // Registered before the check, so that a change between the check and the wait
-            // still wakes us.
-            let notified = self.shared.changed.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            {
-                let slot = self.shared.lock();
-                if slot.version != self.seen {
-                    self.seen = slot.version;
-                    return Ok(());
-                }
-                if slot.closed {
-                    return Err(Closed);
-                }
-            }
-            notified.await;
+        std::future::poll_fn(|cx| self.poll_changed(cx)).await
+    }
+
+    fn poll_changed(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Closed>> {
+        // Polled again by the task it is registered for, with nothing new: no lock. (A change
+        // stores the version before it takes the wait list, under the lock: a registration
+        // still in the list has seen every change but the ones still to come, which wake it.)
+        if self.registered.wakes(cx.waker())
+            && self.shared.version.load(Ordering::Acquire) == self.seen
+            && !self.shared.closed.load(Ordering::Acquire)
+        {
+            return Poll::Pending;
+        }
+        let mut slot = self.shared.lock();
+        if slot.version != self.seen {
+            self.seen = slot.version;
+            slot.waiters.remove(&mut self.registered);
+            return Poll::Ready(Ok(()));
+        }
+        if slot.closed {
+            slot.waiters.remove(&mut self.registered);
+            return Poll::Ready(Err(Closed));
+        }
+        slot.waiters.register(&mut self.registered, cx.waker());
+        Poll::Pending
+    }
+}
+
+impl<T> Drop for Receiver<T> {
+    fn drop(&mut self) {
+        if self.registered.is_registered() {
+            self.shared.lock().waiters.remove(&mut self.registered);
         }
     }
 }
@@ -224,6 +257,8 @@ impl<T> Clone for Receiver<T> {
         Receiver {
             shared: self.shared.clone(),
             seen: self.seen,
+            // A clone waits on its own.
+            registered: Registration::default(),
         }
     }
 }
@@ -265,6 +300,42 @@ mod tests {
             t.await.unwrap();
         }
         assert_eq!(*order.lock().unwrap(), (0..16).collect::<Vec<_>>());
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_receiver_keeps_its_place_between_waits_and_leaves_when_dropped() {
+        let (tx, rx) = channel(0u32);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let (mut first, mut second, gone) = (rx.clone(), rx.clone(), rx.clone());
+        // The first waits once and gives up (its registration stays), then the second
+        // waits, then a receiver that is dropped while registered.
+        let noop = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&noop);
+        assert!(first.poll_changed(&mut cx).is_pending());
+        let o = order.clone();
+        let second = tokio::spawn(async move {
+            second.changed().await.unwrap();
+            o.lock().unwrap().push("second");
+        });
+        tokio::task::yield_now().await;
+        let mut gone = gone;
+        assert!(gone.poll_changed(&mut cx).is_pending());
+        assert_eq!(tx.shared.lock().waiters.len(), 3);
+        drop(gone);
+        assert_eq!(tx.shared.lock().waiters.len(), 2);
+        // Waiting again, from a task now, it wakes before the second: it was there first.
+        let o = order.clone();
+        let first = tokio::spawn(async move {
+            first.changed().await.unwrap();
+            o.lock().unwrap().push("first");
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(tx.shared.lock().waiters.len(), 2, "re-registered in place");
+        tx.send_replace(1);
+        first.await.unwrap();
+        second.await.unwrap();
+        assert_eq!(*order.lock().unwrap(), vec!["first", "second"]);
+        assert_eq!(tx.shared.lock().waiters.len(), 0);
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
