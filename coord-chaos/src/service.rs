@@ -238,6 +238,10 @@ impl Node {
     }
 
     /// Resolves when the node is asked to stop gracefully.
+    ///
+    /// In a select loop, make one for the loop and poll it by reference (`tokio::pin!`, then
+    /// `&mut stopping`): polled again it costs a load, where a fresh one each turn registers
+    /// and unregisters a waiter, a lock each.
     pub async fn stopping(&self) {
         self.inner.stop.stopped().await
     }

@@ -77,6 +77,7 @@ mod keepalive;
 mod link;
 pub mod state;
 mod store;
+mod versions;
 mod watch;
 
 pub use config::SimConfig;

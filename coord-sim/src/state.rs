@@ -3,8 +3,9 @@
 //! Nothing here awaits, spawns, or reads a clock: every operation takes `now` from its caller
 //! and returns its result, and watch deliveries are queued in an outbox that the front
 //! (in-process [`SimStore`](crate::SimStore), or a gRPC server later) drains while it still
-//! holds the lock, so deliveries keep commit order. Every collection is ordered, so nothing
-//! observable depends on hash order.
+//! holds the lock, so deliveries keep commit order. Every collection that is iterated is
+//! ordered; the two hash maps (the keys' histories by key, the single-key watchers by key)
+//! serve look-ups only, under a fixed hash, so nothing observable depends on hash order.
 //!
 //! The model, with etcd's behaviour as the reference:
 //! * The store starts at revision 1, as a fresh etcd does. A write transaction that changes
@@ -17,7 +18,7 @@
 //! * A lease's keys are deleted in one revision when it is revoked or expires; leases expire
 //!   one at a time, each in its own revision, oldest deadline first.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -32,23 +33,7 @@ use tokio::time::Instant;
 use crate::created::Created;
 use crate::deadlines::Deadlines;
 use crate::journal::{Entry, Origin};
-
-/// One version of a key in its history.
-#[derive(Debug, Clone)]
-enum Version {
-    Live(KeyValue),
-    /// Deleted at this revision.
-    Tombstone(Revision),
-}
-
-impl Version {
-    fn revision(&self) -> Revision {
-        match self {
-            Version::Live(kv) => kv.mod_revision,
-            Version::Tombstone(rev) => *rev,
-        }
-    }
-}
+use crate::versions::{Keys, Version};
 
 #[derive(Debug, Clone)]
 struct Lease {
@@ -86,7 +71,7 @@ pub struct Delivery {
 pub struct State {
     revision: Revision,
     compact_revision: Revision,
-    keys: BTreeMap<Bytes, Vec<Version>>,
+    keys: Keys,
     /// The live keys of the prefixes read in create order (queues), by create revision.
     created: Created,
     log: BTreeMap<Revision, Vec<Event>>,
@@ -94,9 +79,10 @@ pub struct State {
     deadlines: Deadlines,
     lease_rng: u64,
     watchers: BTreeMap<WatchId, Watcher>,
-    /// The watchers of single keys, by key, and of prefixes: a commit looks up only the
-    /// watchers its keys concern (thousands of watches are open in a large simulation).
-    key_watchers: BTreeMap<Bytes, BTreeSet<WatchId>>,
+    /// The watchers of single keys, by key (looked up, never iterated), and of prefixes: a
+    /// commit looks up only the watchers its keys concern (thousands of watches are open in a
+    /// large simulation).
+    key_watchers: HashMap<Bytes, BTreeSet<WatchId>, foldhash::fast::FixedState>,
     prefix_watchers: BTreeMap<WatchId, Bytes>,
     /// The watchers still catching up on history.
     unsynced: BTreeSet<WatchId>,
@@ -123,14 +109,14 @@ impl State {
         State {
             revision: Revision(1),
             compact_revision: Revision::ZERO,
-            keys: BTreeMap::new(),
+            keys: Keys::default(),
             created: Created::default(),
             log: BTreeMap::new(),
             leases: BTreeMap::new(),
             deadlines: Deadlines::default(),
             lease_rng: seed,
             watchers: BTreeMap::new(),
-            key_watchers: BTreeMap::new(),
+            key_watchers: HashMap::default(),
             prefix_watchers: BTreeMap::new(),
             unsynced: BTreeSet::new(),
             next_watch: 0,
@@ -240,7 +226,7 @@ impl State {
     }
 
     fn versions_of<'a>(
-        keys: &'a BTreeMap<Bytes, Vec<Version>>,
+        keys: &'a Keys,
         range: &'a KeyRange,
     ) -> Box<dyn Iterator<Item = (&'a Bytes, &'a Vec<Version>)> + 'a> {
         use std::ops::Bound;
@@ -251,7 +237,7 @@ impl State {
                 // etcd's range end for a prefix: no comparison of each key with the prefix.
                 let end = prefix_end(p);
                 let end = end.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
-                Box::new(keys.range::<[u8], _>((Bound::Included(p.as_ref()), end)))
+                Box::new(keys.range(Bound::Included(p.as_ref()), end))
             }
         }
     }
@@ -429,7 +415,7 @@ impl State {
         let lease = req.lease.unwrap_or(LeaseId::NONE);
         // One look-up of the key for reading and writing it: keys share long prefixes, and
         // each comparison on the way down the map is a `memcmp`.
-        let versions = self.keys.entry(req.key.clone()).or_default();
+        let versions = self.keys.history(&req.key);
         let prev = Self::value_at(versions, None).cloned();
         let kv = KeyValue {
             key: req.key.clone(),
@@ -948,7 +934,7 @@ impl State {
         }
         self.compact_revision = rev;
         self.record(|| Entry::Compact { revision: rev });
-        self.keys.retain(|_, versions| {
+        self.keys.retain(|versions| {
             // Keep the version current at `rev` (unless it is a deletion) and all after it.
             let keep_from = versions.iter().rposition(|v| v.revision() <= rev);
             if let Some(i) = keep_from {
