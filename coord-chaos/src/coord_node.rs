@@ -13,8 +13,7 @@ use coord_api::recipes::{
     Candidate, CandidateConfig, ClusterWatcher, ClusterWatcherConfig, ElectionPool,
     HostRegistration, HostSession, RegistrationConfig, RegistrationStatus, SessionConfig, Term,
 };
-use coord_api::sync::watch;
-use coord_api::sync::Stop;
+use coord_api::sync::{watch, Stop};
 use coord_api::{Error, PutRequest, TxnRequest};
 use futures::future::BoxFuture;
 use tokio::task::{JoinHandle, JoinSet};

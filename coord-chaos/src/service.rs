@@ -3,8 +3,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use coord_api::sync::watch;
-use coord_api::sync::Stop;
+use coord_api::sync::{watch, Stop};
 use coord_api::{DynKvLeaseStore, Revision};
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;

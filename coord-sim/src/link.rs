@@ -153,8 +153,8 @@ impl Link {
     }
 
     /// When a reply sent at `now` (the caller's reading of the clock) reaches the client, as
-    /// [`reply_way`](Self::reply_way) would take it there; `None` while the link is held. Whether it
-    /// is lost is for [`replied`](Self::replied) to tell then.
+    /// [`reply_way`](Self::reply_way) would take it there; `None` while the link is held.
+    /// Whether it is lost is for [`replied`](Self::replied) to tell then.
     pub(crate) fn reply_arrival(&self, now: Instant, base: Duration) -> Option<Instant> {
         (!self.state().held).then(|| now + base + self.reply_latency())
     }

@@ -413,8 +413,7 @@ impl State {
 
     fn apply_put(&mut self, p: &mut Pending, req: &PutRequest) -> PutResponse {
         let lease = req.lease.unwrap_or(LeaseId::NONE);
-        // One look-up of the key for reading and writing it: keys share long prefixes, and
-        // each comparison on the way down the map is a `memcmp`.
+        // One look-up of the key's history, for reading it and for writing it.
         let versions = self.keys.history(&req.key);
         let prev = Self::value_at(versions, None).cloned();
         let kv = KeyValue {

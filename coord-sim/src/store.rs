@@ -375,6 +375,8 @@ impl SimStore {
             }
             Answer::Lost => {}
         }
+        // Boxed: a future is as large as its largest state, and a timer made every call's
+        // future hundreds of bytes larger, written afresh a thousand times a simulated second.
         Box::pin(tokio::time::sleep_until(
             sent + self.shared.config.request_timeout,
         ))

@@ -24,7 +24,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::sync::Stop;
 use bytes::Bytes;
 use tokio::time::Instant;
 
@@ -35,7 +34,7 @@ use super::task::Task;
 use crate::campaign::LeaderKey;
 use crate::error::{Error, Result};
 use crate::request::{TxnRequest, TxnResponse};
-use crate::sync::watch;
+use crate::sync::{watch, Stop};
 use crate::types::Revision;
 
 /// What a [`Candidate`] campaigns for, and how it paces itself.

@@ -13,7 +13,6 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::sync::Stop;
 use bytes::Bytes;
 
 use super::election::{Election, Leadership};
@@ -23,6 +22,7 @@ use crate::campaign::candidate_key;
 use crate::error::{Error, Result};
 use crate::request::DeleteRequest;
 use crate::store::DynKvLeaseStore;
+use crate::sync::Stop;
 
 /// What an [`ElectionPool`] has done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -63,7 +63,7 @@ struct Inner {
     /// The elections campaigned in, whose candidate keys `stop` removes.
     names: Mutex<BTreeSet<String>>,
     stopped: AtomicBool,
-    /// Cancelled by `stop`: ends the pool's campaigns still running.
+    /// Set by `stop`: ends the pool's campaigns still running.
     stopping: Stop,
     held: Arc<AtomicUsize>,
 }

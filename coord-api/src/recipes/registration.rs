@@ -24,7 +24,6 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::sync::Stop;
 use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -39,7 +38,7 @@ use crate::request::{
     Compare, CompareOp, DeleteRequest, GetRequest, PutRequest, TxnOp, TxnOpResponse, TxnRequest,
 };
 use crate::store::DynKvLeaseStore;
-use crate::sync::watch;
+use crate::sync::{watch, Stop};
 use crate::types::{LeaseId, Revision};
 
 /// What to register and how.

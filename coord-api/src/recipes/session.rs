@@ -23,7 +23,6 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::sync::Stop;
 use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant, Sleep};
 use tracing::Instrument;
@@ -34,6 +33,7 @@ use crate::campaign::{withdraw, Cleanup};
 use crate::error::{Error, ErrorClass, Result};
 use crate::store::{DynKvLeaseStore, KeepAlive};
 use crate::sync::watch;
+use crate::sync::Stop;
 use crate::types::LeaseId;
 
 /// How a [`Session`] keeps its lease.
