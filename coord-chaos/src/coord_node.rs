@@ -78,11 +78,16 @@ async fn run(node: Node) {
     let watcher = (node.who().node < node.scenario().watchers)
         .then(|| tokio::spawn(follow_watcher(node.clone()).in_current_span()));
     let mut pool = Some(Pool::start(&node, &host, &mut rng));
-    let mut next_metadata = Instant::now() + metadata_period(&mut rng, node.scenario());
+    // One timer each for the loop's life, moved when their instant changes: a select builds
+    // its branches afresh each turn, and fresh timers were registered and torn down at every
+    // wake-up of a thousand nodes. The part timers wait only while their part is stopped.
+    let metadata_timer = sleep_until(Instant::now() + metadata_period(&mut rng, node.scenario()));
+    let registration_timer = sleep_until(Instant::now());
+    let pool_timer = sleep_until(Instant::now());
+    tokio::pin!(metadata_timer, registration_timer, pool_timer);
     let mut generation = 0;
-    let mut registration_back: Option<Instant> = None;
-    let mut pool_back: Option<Instant> = None;
-    let far = || Instant::now() + Duration::from_secs(3600 * 24);
+    let mut registration_back = false;
+    let mut pool_back = false;
     // One wait for the whole loop: each turn polls it again, and a fresh one each turn would
     // register and unregister a waiter every time.
     let stopping = node.stopping();
@@ -94,17 +99,19 @@ async fn run(node: Node) {
             Some(req) = parts.recv() => match req.pick % 3 {
                 0 => if let Some(r) = registration.take_running().await {
                     stop_part(&node, Part::Registration, r.stop()).await;
-                    registration_back = Some(Instant::now() + req.length);
+                    registration_timer.as_mut().reset(Instant::now() + req.length);
+                    registration_back = true;
                 },
                 1 => if let Some(p) = pool.take() {
                     stop_part(&node, Part::Pool, p.stop()).await;
-                    pool_back = Some(Instant::now() + req.length);
+                    pool_timer.as_mut().reset(Instant::now() + req.length);
+                    pool_back = true;
                 },
                 _ => if let Some(p) = &pool {
                     p.resign(req);
                 },
             },
-            _ = sleep_until(next_metadata), if registration.is_running() => {
+            _ = metadata_timer.as_mut(), if registration.is_running() => {
                 generation += 1;
                 // An update waits up to the request timeout when the store is slow; a stop
                 // (the rolling restart's new incarnation is up) must not wait for it.
@@ -113,15 +120,16 @@ async fn run(node: Node) {
                     _ = &mut stopping => break,
                     _ = registration.update(&node, generation) => {}
                 }
-                next_metadata = Instant::now() + metadata_period(&mut rng, node.scenario());
+                let next = Instant::now() + metadata_period(&mut rng, node.scenario());
+                metadata_timer.as_mut().reset(next);
             }
-            _ = sleep_until(registration_back.unwrap_or_else(far)), if registration_back.is_some() => {
-                registration_back = None;
+            _ = registration_timer.as_mut(), if registration_back => {
+                registration_back = false;
                 node.record(Happening::PartStarted { who: node.who(), part: Part::Registration });
                 registration = Registration::start(&node, &host, generation);
             }
-            _ = sleep_until(pool_back.unwrap_or_else(far)), if pool_back.is_some() => {
-                pool_back = None;
+            _ = pool_timer.as_mut(), if pool_back => {
+                pool_back = false;
                 node.record(Happening::PartStarted { who: node.who(), part: Part::Pool });
                 pool = Some(Pool::start(&node, &host, &mut rng));
             }
