@@ -55,6 +55,9 @@ impl SimStore {
         let elapsed = turmoil::sim_elapsed().unwrap_or_default();
         *self.shared.origin.lock().unwrap_or_else(|p| p.into_inner()) =
             Some(Instant::now() - elapsed);
+        self.shared
+            .counts_in_simulated_time
+            .store(true, Ordering::Release);
     }
 
     /// Fault: the store crashes. Every stream ends; until [`restart`](Self::restart) every

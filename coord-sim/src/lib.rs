@@ -75,6 +75,7 @@ pub mod grpc;
 pub mod journal;
 mod keepalive;
 mod link;
+mod mailbox;
 pub mod state;
 mod store;
 mod versions;

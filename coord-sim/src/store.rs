@@ -11,7 +11,7 @@ use coord_api::{
     KvLeaseStore, LeaseGrant, LeaseId, LeaseTimeToLive, Limits, PutRequest, PutResponse, Result,
     Revision, TxnRequest, TxnResponse, WatchRequest, WatchResponse, WatchStream,
 };
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::arrivals::{land, Arrivals};
@@ -20,16 +20,15 @@ use crate::config::SimConfig;
 use crate::journal::{Entry, Origin};
 use crate::keepalive::SimKeepAlive;
 use crate::link::{Leg, Link};
+use crate::mailbox::{mailbox, Post};
 use crate::state::{State, WatchId};
 use crate::watch::{watch_stream, StreamLink};
-
-pub(crate) type Sender = mpsc::UnboundedSender<Result<WatchResponse>>;
 
 /// Where one open watch's deliveries go: its stream's channel, and the way back to the
 /// client they take first.
 #[derive(Debug)]
 pub(crate) struct Sink {
-    tx: Sender,
+    tx: Post,
     /// The link the stream was opened over. Each delivery comes into the channel the store's
     /// base latency plus the link's reply latency after it was sent, on the store's arrival
     /// queue, so that the stream's task wakes once for it rather than twice (the delivery,
@@ -55,14 +54,14 @@ impl Sink {
         let at = now + self.latency + self.link.reply_latency();
         let at = self.last.map_or(at, |last| last.max(at));
         if at <= now {
-            return self.tx.send(item).is_ok();
+            return self.tx.send(item);
         }
         self.last = Some(at);
         let tx = self.tx.clone();
         arrivals.push(
             at,
             Box::new(move |_| {
-                let _ = tx.send(item);
+                tx.send(item);
             }),
         );
         true
@@ -154,6 +153,9 @@ pub(crate) struct Shared {
     /// of the host that set it) at which the simulation started. See [`Shared::now`].
     #[cfg(feature = "grpc")]
     pub(crate) origin: Mutex<Option<Instant>>,
+    /// Set with `origin`, read without its lock.
+    #[cfg(feature = "grpc")]
+    pub(crate) counts_in_simulated_time: AtomicBool,
 }
 
 impl Shared {
@@ -161,10 +163,14 @@ impl Shared {
     /// a base of their own, so a store served from several hosts counts on one of them: the
     /// origin's host's, as simulated time since the start (the same on every host).
     pub(crate) fn now(&self) -> Instant {
+        // The flag first: every call reads the clock, and only a store served from several
+        // turmoil hosts has an origin to lock and read.
         #[cfg(feature = "grpc")]
-        if let Some(origin) = *self.origin.lock().unwrap_or_else(|p| p.into_inner()) {
-            if let Some(elapsed) = turmoil::sim_elapsed() {
-                return origin + elapsed;
+        if self.counts_in_simulated_time.load(Ordering::Acquire) {
+            if let Some(origin) = *self.origin.lock().unwrap_or_else(|p| p.into_inner()) {
+                if let Some(elapsed) = turmoil::sim_elapsed() {
+                    return origin + elapsed;
+                }
             }
         }
         Instant::now()
@@ -287,6 +293,8 @@ impl SimStore {
             journal: Mutex::new(None),
             #[cfg(feature = "grpc")]
             origin: Mutex::new(None),
+            #[cfg(feature = "grpc")]
+            counts_in_simulated_time: AtomicBool::new(false),
         });
         tokio::spawn(background(
             Arc::downgrade(&shared),
@@ -620,7 +628,7 @@ impl KvLeaseStore for SimStore {
         // A confirmation that never comes back drops the stream, which cancels the watch.
         self.call("watch", Call::Read, move |c| {
             let generation = c.link.state().generation;
-            let (tx, rx) = mpsc::unbounded_channel();
+            let (tx, rx) = mailbox();
             let id = {
                 let mut inner = c.shared.lock();
                 let id = inner.state.watch(c.shared.now(), &req);

@@ -5,11 +5,11 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use coord_api::{Result, WatchResponse, WatchStream};
-use tokio::sync::mpsc;
+use coord_api::{WatchResponse, WatchStream};
 use tokio::time::Instant;
 
 use crate::link::{Leg, Link};
+use crate::mailbox::{Mail, Mailbox};
 use crate::state::WatchId;
 use crate::store::Shared;
 
@@ -59,7 +59,7 @@ fn link_broken() -> coord_api::Error {
 pub(crate) fn watch_stream(
     shared: Arc<Shared>,
     id: WatchId,
-    mut rx: mpsc::UnboundedReceiver<Result<WatchResponse>>,
+    mut mail: Mailbox,
     progress: Option<Duration>,
     link: StreamLink,
 ) -> WatchStream {
@@ -68,7 +68,7 @@ pub(crate) fn watch_stream(
         id,
     };
     drop(shared);
-    let (ask, mut asked) = mpsc::unbounded_channel::<()>();
+    let asks = mail.asks();
     let stream = async_stream::stream! {
         let guard = guard;
         // Like etcd, notify progress only after a whole interval without events.
@@ -89,26 +89,27 @@ pub(crate) fn watch_stream(
                         break;
                     }
                 }
-                Some(()) = asked.recv() => {
-                    // The request crosses the link to the store; one lost on a cut link is
-                    // never answered, and the stream stalls until the link says why.
-                    if link.link.request(link.latency).await == Leg::Lost {
-                        continue;
+                m = mail.next() => match m {
+                    Mail::Ask => {
+                        // The request crosses the link to the store; one lost on a cut link
+                        // is never answered, and the stream stalls until the link says why.
+                        if link.link.request(link.latency).await == Leg::Lost {
+                            continue;
+                        }
+                        let Some(shared) = guard.shared.upgrade() else { break };
+                        // As etcd 3.4 does, the answer carries the store's revision and goes
+                        // out at once, ahead of any events still queued for this watch
+                        // (etcd's order between the two is a race; asks come first, the
+                        // worst case).
+                        let revision = shared.lock().state.revision();
+                        drop(shared);
+                        if !link.carry_back().await {
+                            yield Err(link_broken());
+                            break;
+                        }
+                        yield Ok(WatchResponse::progress_answer(revision));
                     }
-                    let Some(shared) = guard.shared.upgrade() else { break };
-                    // As etcd 3.4 does, the answer carries the store's revision and goes out
-                    // at once, ahead of any events still queued for this watch (etcd's order
-                    // between the two is a race; this branch comes first, the worst case).
-                    let revision = shared.lock().state.revision();
-                    drop(shared);
-                    if !link.carry_back().await {
-                        yield Err(link_broken());
-                        break;
-                    }
-                    yield Ok(WatchResponse::progress_answer(revision));
-                }
-                item = rx.recv() => match item {
-                    Some(item) => {
+                    Mail::Response(item) => {
                         // It came the way back on the store's arrival queue (see `Sink`);
                         // a fault that holds or breaks the link still stalls or ends it.
                         if link.link.wait_flowing(link.generation).await.is_err() {
@@ -120,7 +121,7 @@ pub(crate) fn watch_stream(
                         yield item;
                         if end { break; }
                     }
-                    None => break,
+                    Mail::Closed => break,
                 },
                 _ = tick.as_mut(), if progress.is_some() => {
                     let every = progress.expect("ticks only with progress");
@@ -143,7 +144,7 @@ pub(crate) fn watch_stream(
                             .sinks
                             .get(&guard.id)
                             .is_none_or(|sink| sink.in_flight(Instant::now()));
-                        (rx.is_empty() && !on_its_way).then(|| inner.state.revision())
+                        (mail.is_empty() && !on_its_way).then(|| inner.state.revision())
                     };
                     if let Some(revision) = revision {
                         yield Ok(WatchResponse::new(revision, Vec::new()));
@@ -153,7 +154,7 @@ pub(crate) fn watch_stream(
         }
     };
     WatchStream::new(stream, move || {
-        ask.send(()).map_err(|_| coord_api::Error::StreamClosed {
+        asks.ask().map_err(|()| coord_api::Error::StreamClosed {
             stream: "watch",
             source: Some("the watch has ended".into()),
         })
