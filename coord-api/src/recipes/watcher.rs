@@ -774,10 +774,14 @@ impl Worker {
             }
             match event.kind {
                 EventKind::Put => {
-                    let prev = self
-                        .view
-                        .hosts
-                        .insert(Arc::from(host.as_str()), event.kv.value.clone());
+                    // A host already up keeps its shared name: only its metadata changes.
+                    let prev = match self.view.hosts.get_mut(host.as_str()) {
+                        Some(md) => Some(std::mem::replace(md, event.kv.value.clone())),
+                        None => self
+                            .view
+                            .hosts
+                            .insert(Arc::from(host.as_str()), event.kv.value.clone()),
+                    };
                     match prev {
                         None => out.push(ClusterEvent::HostUp {
                             host,
