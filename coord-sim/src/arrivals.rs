@@ -14,10 +14,22 @@ use tokio::time::Instant;
 
 use crate::store::Shared;
 
-/// What lands: the request's application at the store (or its loss), with the reply sent
-/// to whoever still waits for it. It is given the instant it lands at (the clock, read once
-/// for the batch).
-pub(crate) type Arrival = Box<dyn FnOnce(Instant) + Send>;
+/// What lands: a request's application at the store (or its loss), with the reply sent on
+/// to whoever still waits for it; a reply reaching its caller; a watch response reaching its
+/// stream. Each is given the instant it lands at (the clock, read once for the batch).
+pub(crate) enum Arrival {
+    /// A closure allocated for the one arrival.
+    Boxed(Box<dyn FnOnce(Instant) + Send>),
+    /// One leg of a call whose state its caller keeps from call to call (a keep-alive
+    /// channel's renewals, a thousand a simulated second at scale): nothing allocated for it.
+    Kept(Arc<dyn Kept>, u64),
+}
+
+/// State kept across calls that lands its own legs. See [`Arrival::Kept`].
+pub(crate) trait Kept: Send + Sync {
+    /// The leg `step` (as the pusher numbered it) lands `now`.
+    fn land(self: Arc<Self>, step: u64, now: Instant);
+}
 
 /// The writes in flight to one store. See the module docs.
 #[derive(Default)]
@@ -113,7 +125,10 @@ pub(crate) async fn land(shared: Weak<Shared>, arrivals: Arc<Arrivals>) {
         // comes due meanwhile lands on the next turn of the loop.
         let now = Instant::now();
         while let Some(arrival) = arrivals.take_due(now) {
-            arrival(now);
+            match arrival {
+                Arrival::Boxed(land) => land(now),
+                Arrival::Kept(kept, step) => kept.land(step, now),
+            }
         }
     }
 }

@@ -1,45 +1,106 @@
 //! A keep-alive channel: renewals over the client's link, dead once the store closes its
 //! streams.
+//!
+//! A renewal is a call like any other (it crosses the link both ways on the store's arrival
+//! queue, and is lost, held or refused as a call is), but its state lives in the channel
+//! from one renewal to the next: the queue carries the channel itself, not a closure, and
+//! the answer comes back in it, not in a fresh channel. A thousand sessions renew a thousand
+//! times a simulated second, and each renewal allocated three times (its reply's channel, its
+//! request's closure and its reply's) into memory that had gone cold.
 
+use std::future::poll_fn;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use coord_api::{KeepAlive, LeaseId, Result};
+use tokio::time::Instant;
 
-use crate::store::{Call, SimStore};
+use crate::arrivals::{Arrival, Kept};
+use crate::link::Leg;
+use crate::store::{Answer, Call, Delivery, SimStore};
 
-/// A keep-alive channel on a [`SimStore`]: each renewal is one call into the state machine.
+/// A keep-alive channel on a [`SimStore`]. See the module docs.
 #[derive(Debug)]
 pub(crate) struct SimKeepAlive {
-    /// The client that opened the channel: its link's faults apply to renewals.
-    pub(crate) client: SimStore,
-    pub(crate) lease: LeaseId,
-    pub(crate) epoch: u64,
+    channel: Arc<Channel>,
+    lease: LeaseId,
+    epoch: u64,
     /// The client's connection it was opened on.
-    pub(crate) generation: u64,
+    generation: u64,
 }
 
-#[async_trait]
-impl KeepAlive for SimKeepAlive {
-    fn lease(&self) -> LeaseId {
-        self.lease
+impl SimKeepAlive {
+    /// A channel for `lease` on `client`'s link, opened under the store's stream `epoch` and
+    /// the link's connection `generation`.
+    pub(crate) fn new(client: SimStore, lease: LeaseId, epoch: u64, generation: u64) -> Self {
+        SimKeepAlive {
+            channel: Arc::new(Channel {
+                client,
+                lease,
+                state: Mutex::new(Renewal::default()),
+            }),
+            lease,
+            epoch,
+            generation,
+        }
+    }
+}
+
+/// What a channel keeps between renewals. Its [`Kept`] legs are numbered `renewal << 1`
+/// for the request and `renewal << 1 | 1` for the reply.
+#[derive(Debug)]
+struct Channel {
+    /// The client that opened the channel: its link's faults apply to renewals.
+    client: SimStore,
+    lease: LeaseId,
+    state: Mutex<Renewal>,
+}
+
+/// The latest renewal: a leg of an earlier one (its caller gave up) finds another number
+/// here and goes no further, as an answer sent to a dropped oneshot went nowhere.
+#[derive(Debug, Default)]
+struct Renewal {
+    number: u64,
+    /// Its caller still waits for it.
+    waiting: bool,
+    /// Applied at the store, on its way back.
+    on_its_way: Option<Result<Duration>>,
+    answer: Option<Answer<Duration>>,
+    waker: Option<Waker>,
+}
+
+impl Channel {
+    fn lock(&self) -> MutexGuard<'_, Renewal> {
+        // Nothing runs under the lock but the channel's own bookkeeping.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    async fn renew(&mut self) -> Result<Duration> {
-        // A stream whose connection broke (or that the store closed) fails at once; a
-        // renewal on a live one crosses the link like any call.
-        if self.client.shared.stream_epoch.load(Ordering::SeqCst) != self.epoch
-            || self.client.link.state().generation != self.generation
-        {
-            return Err(coord_api::Error::StreamClosed {
-                stream: "keep-alive",
-                source: Some("the simulated stream was closed".into()),
-            });
+    /// Answers renewal `number`, if it is still the latest and waited for.
+    fn answer(&self, number: u64, answer: Answer<Duration>) {
+        let waker = {
+            let mut state = self.lock();
+            if state.number != number || !state.waiting {
+                return;
+            }
+            state.answer = Some(answer);
+            state.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
         }
+    }
+
+    /// Renewal `number`'s request reaches the store `now` over `leg`: lost, refused by a
+    /// crashed store, or applied and its reply sent back.
+    fn landed(self: &Arc<Self>, number: u64, leg: Leg, now: Instant) {
+        let store = &self.client;
         let lease = self.lease;
-        self.client
-            .call("keep-alive", Call::Renew, move |c| {
+        let landed = match leg {
+            Leg::Lost => Delivery::Lost,
+            Leg::Delivered => store.arrive("keep-alive", |c| {
                 let (r, earlier) = c.apply(|s, now| {
                     let before = s.next_deadline();
                     let r = s.renew(now, lease);
@@ -54,7 +115,224 @@ impl KeepAlive for SimKeepAlive {
                     c.shared.deadlines_changed.notify_one();
                 }
                 r
-            })
-            .await
+            }),
+        };
+        let result = match landed {
+            Delivery::Applied(result) => result,
+            // Nothing comes back: the caller waits out its timeout.
+            Delivery::Lost => return self.answer(number, Answer::Lost),
+            Delivery::Refused(e) => return self.answer(number, Answer::Refused(e)),
+        };
+        self.lock().on_its_way = Some(result);
+        let base = store.shared.config.latency;
+        match store.link.reply_arrival(now, base) {
+            Some(at) => store
+                .shared
+                .arrivals
+                .push(at, Arrival::Kept(self.clone(), number << 1 | 1)),
+            None => {
+                let this = self.clone();
+                tokio::spawn(async move {
+                    this.client.link.reply_way(base).await;
+                    this.replied(number);
+                });
+            }
+        }
+    }
+
+    /// Renewal `number`'s reply reaches the client now, unless the link loses it.
+    fn replied(&self, number: u64) {
+        let result = {
+            let mut state = self.lock();
+            // A reply nobody waits for any more takes no lost reply from the link.
+            if state.number != number || !state.waiting {
+                return;
+            }
+            state.on_its_way.take()
+        };
+        if let Some(result) = result {
+            let leg = self.client.link.replied(false);
+            self.answer(number, Answer::over(leg, result));
+        }
+    }
+}
+
+impl Kept for Channel {
+    fn land(self: Arc<Self>, step: u64, now: Instant) {
+        let number = step >> 1;
+        if step & 1 == 0 {
+            let leg = self.client.link.arrived();
+            self.landed(number, leg, now);
+        } else {
+            self.replied(number);
+        }
+    }
+}
+
+/// Marks the caller gone when its renewal's future is dropped before its answer.
+struct Waiting<'a>(&'a Channel);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        state.waiting = false;
+        state.waker = None;
+    }
+}
+
+#[async_trait]
+impl KeepAlive for SimKeepAlive {
+    fn lease(&self) -> LeaseId {
+        self.lease
+    }
+
+    async fn renew(&mut self) -> Result<Duration> {
+        let store = &self.channel.client;
+        // A stream whose connection broke (or that the store closed) fails at once; a
+        // renewal on a live one crosses the link like any call.
+        if store.shared.stream_epoch.load(Ordering::SeqCst) != self.epoch
+            || store.link.state().generation != self.generation
+        {
+            return Err(coord_api::Error::StreamClosed {
+                stream: "keep-alive",
+                source: Some("the simulated stream was closed".into()),
+            });
+        }
+        let sent = Instant::now();
+        let number = {
+            let mut state = self.channel.lock();
+            state.number += 1;
+            state.waiting = true;
+            state.on_its_way = None;
+            state.answer = None;
+            state.number
+        };
+        let waiting = Waiting(&self.channel);
+        let latency = store.shared.config.latency;
+        match store.link.arrival(sent, latency) {
+            // On the wire: it lands at its instant, in send order with every other call.
+            Some(at) => store
+                .shared
+                .arrivals
+                .push(at, Arrival::Kept(self.channel.clone(), number << 1)),
+            // Held: it waits out the hold on its own, then goes the same way.
+            None => {
+                let channel = self.channel.clone();
+                tokio::spawn(async move {
+                    let leg = channel.client.link.request(latency).await;
+                    channel.landed(number, leg, Instant::now());
+                });
+            }
+        }
+        let answer = poll_fn(|cx| {
+            let mut state = waiting.0.lock();
+            if let Some(answer) = state.answer.take() {
+                return Poll::Ready(answer);
+            }
+            if !state
+                .waker
+                .as_ref()
+                .is_some_and(|w| w.will_wake(cx.waker()))
+            {
+                state.waker = Some(cx.waker().clone());
+            }
+            Poll::Pending
+        })
+        .await;
+        drop(waiting);
+        match answer {
+            Answer::Refused(e) => Err(e),
+            Answer::Replied(result) => result,
+            Answer::Lost => Err(store.lost("keep-alive", Call::Renew, sent).await),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use coord_api::{Error, KvLeaseStore};
+    use tokio::time::Instant;
+
+    use crate::{SimConfig, SimStore};
+
+    const LATENCY: Duration = Duration::from_millis(10);
+    const TIMEOUT: Duration = Duration::from_secs(2);
+    const TTL: Duration = Duration::from_secs(5);
+
+    fn store() -> SimStore {
+        SimStore::with_config(
+            SimConfig::default()
+                .with_latency(LATENCY)
+                .with_request_timeout(TIMEOUT),
+        )
+    }
+
+    fn remaining(store: &SimStore, lease: coord_api::LeaseId) -> Duration {
+        let s = store.shared.lock();
+        let now = Instant::now();
+        s.state.lease_deadline(lease).expect("alive") - now
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_crosses_the_link_both_ways() {
+        let store = store();
+        let lease = store.grant(TTL).await.unwrap().id;
+        let mut ch = store.keep_alive(lease).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let sent = Instant::now();
+        assert_eq!(ch.renew().await.unwrap(), TTL);
+        assert_eq!(sent.elapsed(), 2 * LATENCY, "a latency each way");
+        // Applied when it landed, one latency after it was sent.
+        assert_eq!(remaining(&store, lease), TTL - LATENCY);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_lost_on_its_way_waits_out_the_timeout_and_renews_nothing() {
+        let store = store();
+        let lease = store.grant(TTL).await.unwrap().id;
+        let mut ch = store.keep_alive(lease).await.unwrap();
+        let sent = Instant::now();
+        let renewal = tokio::spawn(async move { ch.renew().await });
+        // Cut while the request is on the wire.
+        tokio::time::sleep(LATENCY / 2).await;
+        store.partition();
+        let err = renewal.await.unwrap().unwrap_err();
+        assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+        assert_eq!(sent.elapsed(), TIMEOUT);
+        assert_eq!(remaining(&store, lease), TTL - LATENCY - TIMEOUT);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_renewal_lands_and_answers_once_released() {
+        let store = store();
+        let lease = store.grant(TTL).await.unwrap().id;
+        let mut ch = store.keep_alive(lease).await.unwrap();
+        store.hold();
+        let renewal = tokio::spawn(async move { ch.renew().await });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!renewal.is_finished(), "held");
+        store.release();
+        assert_eq!(renewal.await.unwrap().unwrap(), TTL);
+        assert_eq!(remaining(&store, lease), TTL - LATENCY);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_given_up_still_lands_and_its_late_reply_is_not_the_next_ones() {
+        let store = store();
+        let lease = store.grant(TTL).await.unwrap().id;
+        let mut ch = store.keep_alive(lease).await.unwrap();
+        // The first renewal's reply comes back 100 ms late; its caller gives up before.
+        store.set_reply_latency(Duration::from_millis(100));
+        let given_up = tokio::time::timeout(LATENCY * 2, ch.renew()).await;
+        assert!(given_up.is_err(), "still on its way back");
+        assert_eq!(remaining(&store, lease), TTL - LATENCY, "it landed");
+        // The next one's comes back later than the first one's.
+        let slow = Duration::from_millis(500);
+        store.set_reply_latency(slow);
+        let sent = Instant::now();
+        assert_eq!(ch.renew().await.unwrap(), TTL);
+        assert_eq!(sent.elapsed(), 2 * LATENCY + slow, "its own answer");
     }
 }

@@ -734,6 +734,12 @@ impl State {
         Ok(ttl)
     }
 
+    /// A lease's deadline, for tests that check when a renewal applied.
+    #[cfg(test)]
+    pub(crate) fn lease_deadline(&self, id: LeaseId) -> Option<Instant> {
+        self.leases.get(&id).map(|lease| lease.deadline)
+    }
+
     /// Reports a lease's remaining time, in whole seconds rounded down, as etcd does.
     pub fn time_to_live(&mut self, now: Instant, id: LeaseId) -> Result<LeaseTimeToLive> {
         self.expire(now);

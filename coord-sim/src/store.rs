@@ -14,7 +14,7 @@ use coord_api::{
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::arrivals::{land, Arrivals};
+use crate::arrivals::{land, Arrival, Arrivals};
 use crate::clock::background;
 use crate::config::SimConfig;
 use crate::journal::{Entry, Origin};
@@ -60,9 +60,9 @@ impl Sink {
         let tx = self.tx.clone();
         arrivals.push(
             at,
-            Box::new(move |_| {
+            Arrival::Boxed(Box::new(move |_| {
                 tx.send(item);
-            }),
+            })),
         );
         true
     }
@@ -88,14 +88,15 @@ pub(crate) enum Call {
 }
 
 /// Where a request got to.
-enum Delivery<T> {
+pub(crate) enum Delivery<T> {
     Applied(Result<T>),
     Lost,
     Refused(coord_api::Error),
 }
 
 /// What came back to the caller.
-enum Answer<T> {
+#[derive(Debug)]
+pub(crate) enum Answer<T> {
     Replied(Result<T>),
     /// The request or its reply: the caller waits out its timeout.
     Lost,
@@ -104,7 +105,7 @@ enum Answer<T> {
 
 impl<T> Answer<T> {
     /// What the caller gets of `result` once its reply took the way back `leg`.
-    fn over(leg: Leg, result: Result<T>) -> Self {
+    pub(crate) fn over(leg: Leg, result: Result<T>) -> Self {
         match leg {
             Leg::Delivered => Answer::Replied(result),
             Leg::Lost => Answer::Lost,
@@ -356,10 +357,10 @@ impl SimStore {
             // caller in all (a read took a timer and a wake-up each way).
             Some(at) => self.shared.arrivals.push(
                 at,
-                Box::new(move |now| {
+                Arrival::Boxed(Box::new(move |now| {
                     let leg = this.link.arrived();
                     this.land(leg, operation, kind, apply, tx, now);
-                }),
+                })),
             ),
             // Held: it waits out the hold on its own, then goes the same way.
             None => {
@@ -383,6 +384,18 @@ impl SimStore {
             }
             Answer::Lost => {}
         }
+        Err(self.lost(operation, kind, sent).await)
+    }
+
+    /// A call sent at `sent` whose request or reply the link lost: its caller waits out the
+    /// request timeout, then gets `Indeterminate` for a write (it may have applied), else
+    /// `Unavailable`.
+    pub(crate) async fn lost(
+        &self,
+        operation: &'static str,
+        kind: Call,
+        sent: Instant,
+    ) -> coord_api::Error {
         // Boxed: a future is as large as its largest state, and a timer made every call's
         // future hundreds of bytes larger, written afresh a thousand times a simulated second.
         Box::pin(tokio::time::sleep_until(
@@ -400,7 +413,7 @@ impl SimStore {
             }
         )
         .into();
-        Err(if write {
+        if write {
             coord_api::Error::Indeterminate {
                 backend: "sim",
                 operation,
@@ -412,7 +425,7 @@ impl SimStore {
                 operation,
                 source,
             }
-        })
+        }
     }
 
     /// A request reaching the store `now` over `leg`: applied unless lost or refused, its
@@ -459,10 +472,10 @@ impl SimStore {
         let write = kind == Call::Write;
         let this = self.clone();
         match self.link.reply_arrival(now, base) {
-            Some(at) => self
-                .shared
-                .arrivals
-                .push(at, Box::new(move |_| this.replied(result, write, tx))),
+            Some(at) => self.shared.arrivals.push(
+                at,
+                Arrival::Boxed(Box::new(move |_| this.replied(result, write, tx))),
+            ),
             None => {
                 tokio::spawn(async move {
                     this.link.reply_way(base).await;
@@ -487,7 +500,7 @@ impl SimStore {
     }
 
     /// A request that reached the store: refused by a crashed store, else applied.
-    fn arrive<T>(
+    pub(crate) fn arrive<T>(
         &self,
         operation: &'static str,
         apply: impl FnOnce(&SimStore) -> Result<T>,
@@ -615,12 +628,12 @@ impl KvLeaseStore for SimStore {
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<Box<dyn KeepAlive>> {
-        Ok(Box::new(SimKeepAlive {
-            epoch: self.shared.stream_epoch.load(Ordering::SeqCst),
-            generation: self.link.state().generation,
-            client: self.clone(),
+        Ok(Box::new(SimKeepAlive::new(
+            self.clone(),
             lease,
-        }))
+            self.shared.stream_epoch.load(Ordering::SeqCst),
+            self.link.state().generation,
+        )))
     }
 
     async fn watch(&self, req: WatchRequest) -> Result<WatchStream> {
