@@ -229,13 +229,7 @@ impl KeepAlive for SimKeepAlive {
             if let Some(answer) = state.answer.take() {
                 return Poll::Ready(answer);
             }
-            if !state
-                .waker
-                .as_ref()
-                .is_some_and(|w| w.will_wake(cx.waker()))
-            {
-                state.waker = Some(cx.waker().clone());
-            }
+            crate::waker::keep(&mut state.waker, cx.waker());
             Poll::Pending
         })
         .await;
@@ -269,6 +263,12 @@ mod tests {
         )
     }
 
+    /// A lease of `TTL` and a keep-alive channel for it.
+    async fn open(store: &SimStore) -> (coord_api::LeaseId, Box<dyn coord_api::KeepAlive>) {
+        let lease = store.grant(TTL).await.unwrap().id;
+        (lease, store.keep_alive(lease).await.unwrap())
+    }
+
     fn remaining(store: &SimStore, lease: coord_api::LeaseId) -> Duration {
         let s = store.shared.lock();
         let now = Instant::now();
@@ -278,8 +278,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_renewal_crosses_the_link_both_ways() {
         let store = store();
-        let lease = store.grant(TTL).await.unwrap().id;
-        let mut ch = store.keep_alive(lease).await.unwrap();
+        let (lease, mut ch) = open(&store).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
         let sent = Instant::now();
         assert_eq!(ch.renew().await.unwrap(), TTL);
@@ -291,8 +290,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_renewal_lost_on_its_way_waits_out_the_timeout_and_renews_nothing() {
         let store = store();
-        let lease = store.grant(TTL).await.unwrap().id;
-        let mut ch = store.keep_alive(lease).await.unwrap();
+        let (lease, mut ch) = open(&store).await;
         let sent = Instant::now();
         let renewal = tokio::spawn(async move { ch.renew().await });
         // Cut while the request is on the wire.
@@ -307,8 +305,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_held_renewal_lands_and_answers_once_released() {
         let store = store();
-        let lease = store.grant(TTL).await.unwrap().id;
-        let mut ch = store.keep_alive(lease).await.unwrap();
+        let (lease, mut ch) = open(&store).await;
         store.hold();
         let renewal = tokio::spawn(async move { ch.renew().await });
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -321,8 +318,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_renewal_given_up_still_lands_and_its_late_reply_is_not_the_next_ones() {
         let store = store();
-        let lease = store.grant(TTL).await.unwrap().id;
-        let mut ch = store.keep_alive(lease).await.unwrap();
+        let (lease, mut ch) = open(&store).await;
         // The first renewal's reply comes back 100 ms late; its caller gives up before.
         store.set_reply_latency(Duration::from_millis(100));
         let given_up = tokio::time::timeout(LATENCY * 2, ch.renew()).await;

@@ -79,6 +79,7 @@ mod mailbox;
 pub mod state;
 mod store;
 mod versions;
+mod waker;
 mod watch;
 
 pub use config::SimConfig;

@@ -171,13 +171,7 @@ impl Mailbox {
             if state.posts == 0 {
                 return Poll::Ready(Mail::Closed);
             }
-            if !state
-                .waker
-                .as_ref()
-                .is_some_and(|w| w.will_wake(cx.waker()))
-            {
-                state.waker = Some(cx.waker().clone());
-            }
+            crate::waker::keep(&mut state.waker, cx.waker());
             Poll::Pending
         })
         .await
