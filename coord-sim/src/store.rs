@@ -24,19 +24,19 @@ use crate::mailbox::{mailbox, Post};
 use crate::state::{State, WatchId};
 use crate::watch::{watch_stream, StreamLink};
 
-/// Where one open watch's deliveries go: its stream's channel, and the way back to the
+/// Where one open watch's deliveries go: its stream's mailbox, and the way back to the
 /// client they take first.
 #[derive(Debug)]
 pub(crate) struct Sink {
     tx: Post,
-    /// The link the stream was opened over. Each delivery comes into the channel the store's
+    /// The link the stream was opened over. Each delivery comes into the mailbox the store's
     /// base latency plus the link's reply latency after it was sent, on the store's arrival
     /// queue, so that the stream's task wakes once for it rather than twice (the delivery,
     /// then a timer). In send order: a delivery never overtakes one sent before it, whatever
     /// the link's latency did meanwhile.
     link: Arc<Link>,
     latency: Duration,
-    /// When the last delivery sent comes into the channel.
+    /// When the last delivery sent comes into the mailbox.
     last: Option<Instant>,
 }
 
