@@ -66,7 +66,7 @@ struct Renewal {
     number: u64,
     /// Its caller still waits for it.
     waiting: bool,
-    /// Applied at the store, on its way back.
+    /// The latest renewal's outcome, applied at the store and on its way back.
     on_its_way: Option<Result<Duration>>,
     answer: Option<Answer<Duration>>,
     waker: Option<Waker>,
@@ -123,7 +123,14 @@ impl Channel {
             Delivery::Lost => return self.answer(number, Answer::Lost),
             Delivery::Refused(e) => return self.answer(number, Answer::Refused(e)),
         };
-        self.lock().on_its_way = Some(result);
+        {
+            let mut state = self.lock();
+            // A request of an earlier renewal can land after the latest one's (it was held,
+            // or slower): its outcome never takes the place of the latest one's.
+            if state.number == number {
+                state.on_its_way = Some(result);
+            }
+        }
         let base = store.shared.config.latency;
         match store.link.reply_arrival(now, base) {
             Some(at) => store
@@ -330,5 +337,28 @@ mod tests {
         let sent = Instant::now();
         assert_eq!(ch.renew().await.unwrap(), TTL);
         assert_eq!(sent.elapsed(), 2 * LATENCY + slow, "its own answer");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_earlier_renewal_landing_late_does_not_answer_the_latest() {
+        let store = store();
+        let (lease, mut ch) = open(&store).await;
+        // The first renewal's request takes half a second to land; its caller gives up.
+        store.set_latency(Duration::from_millis(500));
+        let given_up = tokio::time::timeout(LATENCY * 2, ch.renew()).await;
+        assert!(given_up.is_err());
+        // The second lands at once and renews; its reply takes a second to come back.
+        store.set_latency(Duration::ZERO);
+        store.set_reply_latency(Duration::from_secs(1));
+        let second = tokio::spawn(async move { ch.renew().await });
+        // Meanwhile another client revokes the lease, so the first renewal, landing after
+        // the second, finds it gone.
+        tokio::time::sleep(LATENCY * 5).await;
+        store.connect().revoke(lease).await.unwrap();
+        assert_eq!(
+            second.await.unwrap().unwrap(),
+            TTL,
+            "the second renewal's own outcome, not the first's"
+        );
     }
 }
