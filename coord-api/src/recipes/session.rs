@@ -504,7 +504,11 @@ impl Session {
             // TTL from this renewal's send.
             let timer = sleep_until(next);
             tokio::pin!(timer);
-            match renewer.renew(timer, false).instrument(span.clone()).await {
+            match renewer
+                .renew(timer, false, None)
+                .instrument(span.clone())
+                .await
+            {
                 Attempt::Renewed { sent } => next = sent + every,
                 other => {
                     inner.end(SessionEnd::Expired);
@@ -738,10 +742,19 @@ impl Renewer {
     /// down for each renewal were 4% of a thousand-host simulation's work. It is left set to
     /// when the answer was due, which is when the next renewal is (see `run`). Cancellation is
     /// the caller's: it drops this future where it waits.
-    async fn renew(&mut self, mut timer: Pin<&mut Sleep>, bounded: bool) -> Attempt {
+    ///
+    /// `now`, when given, is the clock read just before: the send's instant if nothing
+    /// waits between (a channel to open does), saving a reading of the clock per renewal.
+    async fn renew(
+        &mut self,
+        mut timer: Pin<&mut Sleep>,
+        bounded: bool,
+        mut now: Option<Instant>,
+    ) -> Attempt {
         let deadline = self.inner.state().deadline;
         let deadline_counts = bounded && !ignores_deadline();
         if self.channel.is_none() {
+            now = None;
             timer.as_mut().reset(deadline);
             let opened = tokio::select! {
                 biased;
@@ -766,7 +779,7 @@ impl Renewer {
         }
         // Measured before sending: the server cannot expire the lease earlier than TTL after
         // this instant.
-        let sent = Instant::now();
+        let sent = now.unwrap_or_else(Instant::now);
         let answer_by = if deadline_counts {
             (sent + self.every).min(deadline)
         } else {
@@ -863,11 +876,12 @@ impl Renewer {
                 _ = asked.as_mut() => asked.set(inner.renew_now.notified()),
                 _ = timer.as_mut() => {}
             }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
                 self.expired("waiting to renew");
                 return;
             }
-            match self.renew(timer.as_mut(), true).await {
+            match self.renew(timer.as_mut(), true, Some(now)).await {
                 Attempt::Renewed { sent } => {
                     self.backoff.reset();
                     next = sent + self.every;
