@@ -670,20 +670,30 @@ impl Worker {
         let mut delivered = false;
         // Whether a progress request is out since the last message.
         let mut asked = false;
+        // One timer for the silences, moved on at each message (a fresh timeout per message
+        // put a timer into the runtime's wheel and took it out again, for every change of
+        // every host, at every watcher), and buffers kept from message to message.
+        let silence = tokio::time::sleep(self.config.probe);
+        tokio::pin!(silence);
+        let mut items = Vec::new();
+        let mut out = Vec::new();
         loop {
             let wait = if asked {
                 self.config.silence.saturating_sub(self.config.probe)
             } else {
                 self.config.probe
             };
-            let first = match tokio::time::timeout(wait, stream.next()).await {
-                Err(_) if asked => {
-                    return Broken::Stuck {
-                        silent: self.config.silence,
-                        delivered,
+            silence.as_mut().reset(tokio::time::Instant::now() + wait);
+            let first = tokio::select! {
+                biased;
+                item = stream.next() => item,
+                () = silence.as_mut() => {
+                    if asked {
+                        return Broken::Stuck {
+                            silent: self.config.silence,
+                            delivered,
+                        };
                     }
-                }
-                Err(_) => {
                     if let Err(e) = stream.request_progress() {
                         return Broken::Closed {
                             delivered,
@@ -693,23 +703,25 @@ impl Worker {
                     asked = true;
                     continue;
                 }
-                Ok(item) => item,
             };
             // Any message says the stream is alive, the answer or not.
             asked = false;
             // Whatever else has already arrived goes with it, so that a burst costs one
             // snapshot of the view (a copy of every host) rather than one per event.
-            let mut items = vec![first];
+            items.push(first);
             while items.len() < MAX_COALESCED {
                 match stream.next().now_or_never() {
                     Some(item) => items.push(item),
                     None => break,
                 }
             }
-            let mut out = Vec::new();
             let mut broken = None;
             let closed = |why: String, delivered| Broken::Closed { delivered, why };
-            for item in items {
+            for item in items.drain(..) {
+                if broken.is_some() {
+                    // Taken from the stream already; nothing after a break is applied.
+                    continue;
+                }
                 match item {
                     Some(Ok(batch)) => {
                         delivered = true;
@@ -721,9 +733,6 @@ impl Worker {
                     })) => broken = Some(Broken::Compacted(compact_revision)),
                     Some(Err(e)) => broken = Some(closed(e.to_string(), delivered)),
                 }
-                if broken.is_some() {
-                    break;
-                }
             }
             // The view first, then the events it explains: a consumer that reads an event
             // and then the view finds the event in it.
@@ -733,7 +742,7 @@ impl Worker {
                 }
             }
             self.publish();
-            for e in out {
+            for e in out.drain(..) {
                 self.emit(e).await;
             }
             if let Some(b) = broken {
