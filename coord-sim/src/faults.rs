@@ -200,6 +200,7 @@ impl SimStore {
                     stream: "watch",
                     source: Some("the simulator closed every stream".into()),
                 }),
+                None,
             );
         }
     }
