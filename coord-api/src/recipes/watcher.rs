@@ -137,12 +137,22 @@ pub struct ClusterView {
     step: Option<Arc<Step>>,
 }
 
-/// The hosts map of the view a watcher published before, and the hosts it wrote since: what
-/// [`ClusterView::changes_since`] needs to answer for that view without walking both maps.
+/// The hosts map of the view a watcher published before, and what differs since: what
+/// [`ClusterView::changes_since`] needs to answer for that view without walking both maps or
+/// looking a host up in either.
 struct Step {
     from: OrdMap<Arc<str>, Bytes>,
-    /// Sorted, each once.
-    hosts: Vec<String>,
+    /// The hosts whose metadata differs from `from`'s, in host order, each once, with their
+    /// metadata now (`None`: gone).
+    changed: Vec<(String, Option<Bytes>)>,
+}
+
+/// A write the watcher applied since it last published: the host, and its metadata before
+/// and after (`None`: not up).
+struct Written {
+    host: String,
+    before: Option<Bytes>,
+    after: Option<Bytes>,
 }
 
 impl PartialEq for ClusterView {
@@ -246,16 +256,9 @@ impl ClusterView {
             // wrote since are all that can differ (a walk of both maps still visits every
             // node on the edge of what they share, for each change).
             Some(step) if step.from.ptr_eq(&earlier.hosts) => {
-                let stepped = step.hosts.iter().filter_map(move |h| {
-                    let now = self.hosts.get_key_value(h.as_str());
-                    let before = earlier.hosts.get_key_value(h.as_str());
-                    (now.map(|(_, m)| m) != before.map(|(_, m)| m)).then(|| HostChange {
-                        host: now
-                            .or(before)
-                            .map(|(h, _)| &**h)
-                            .expect("in one of the two"),
-                        metadata: now.map(|(_, m)| m),
-                    })
+                let stepped = step.changed.iter().map(|(host, metadata)| HostChange {
+                    host,
+                    metadata: metadata.as_ref(),
                 });
                 debug_assert!(
                     stepped.clone().eq(Self::walk(&earlier.hosts, &self.hosts)),
@@ -433,7 +436,7 @@ struct Worker {
     /// The hosts map last published, and the hosts written since (`None` once the map was
     /// replaced whole): each published view's [`Step`].
     published: Option<OrdMap<Arc<str>, Bytes>>,
-    written: Option<Vec<String>>,
+    written: Option<Vec<Written>>,
     tx: mpsc::Sender<ClusterEvent>,
     /// The first listing's events that did not fit the buffer at start.
     backlog: Vec<ClusterEvent>,
@@ -498,10 +501,22 @@ impl Worker {
     fn publish(&mut self) {
         self.gauges.hosts(self.view.hosts.len());
         let mut view = self.view.clone();
-        if let (Some(from), Some(mut hosts)) = (self.published.take(), self.written.take()) {
-            hosts.sort_unstable();
-            hosts.dedup();
-            view.step = Some(Arc::new(Step { from, hosts }));
+        if let (Some(from), Some(mut written)) = (self.published.take(), self.written.take()) {
+            // A stable sort keeps each host's writes in order: its first saw what `from`
+            // holds, its last left what the view holds.
+            written.sort_by(|a, b| a.host.cmp(&b.host));
+            let mut changed = Vec::with_capacity(written.len());
+            let mut writes = written.into_iter().peekable();
+            while let Some(first) = writes.next() {
+                let mut after = first.after;
+                while let Some(next) = writes.next_if(|w| w.host == first.host) {
+                    after = next.after;
+                }
+                if first.before != after {
+                    changed.push((first.host, after));
+                }
+            }
+            view.step = Some(Arc::new(Step { from, changed }));
         }
         self.published = Some(self.view.hosts.clone());
         self.written = Some(Vec::new());
@@ -778,9 +793,6 @@ impl Worker {
             }
             let host = self.host(&event.kv.key);
             self.view.revision = rev;
-            if let Some(written) = &mut self.written {
-                written.push(host.clone());
-            }
             match event.kind {
                 EventKind::Put => {
                     // A host already up keeps its shared name: only its metadata changes.
@@ -791,6 +803,13 @@ impl Worker {
                             .hosts
                             .insert(Arc::from(host.as_str()), event.kv.value.clone()),
                     };
+                    if let Some(written) = &mut self.written {
+                        written.push(Written {
+                            host: host.clone(),
+                            before: prev.clone(),
+                            after: Some(event.kv.value.clone()),
+                        });
+                    }
                     match prev {
                         None => out.push(ClusterEvent::HostUp {
                             host,
@@ -806,7 +825,15 @@ impl Worker {
                     }
                 }
                 EventKind::Delete => {
-                    if let Some(last_metadata) = self.view.hosts.remove(host.as_str()) {
+                    let gone = self.view.hosts.remove(host.as_str());
+                    if let Some(written) = &mut self.written {
+                        written.push(Written {
+                            host: host.clone(),
+                            before: gone.clone(),
+                            after: None,
+                        });
+                    }
+                    if let Some(last_metadata) = gone {
                         out.push(ClusterEvent::HostDown {
                             host,
                             last_metadata,
