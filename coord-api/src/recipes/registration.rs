@@ -707,10 +707,15 @@ async fn hold(
         modified.next(),
         Some((created, modified)),
     );
+    // One wait for the session's end, for the hold's life: each metadata update comes back
+    // as a change to the followed key, and a fresh wait per change subscribed to the session
+    // and read the clock again.
+    let done = session.done();
+    tokio::pin!(done);
     loop {
         let change = tokio::select! {
             biased;
-            end = session.done() => return end,
+            end = &mut done => return end,
             change = follow.next() => change,
         };
         if let Change::Deleted(_) = change {
