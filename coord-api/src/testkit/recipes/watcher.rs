@@ -352,28 +352,8 @@ pub async fn watcher_views_tell_what_changed_between_them(fx: &dyn Fixture) {
         ("c/a", None),
     ];
     for (key, value) in writes {
-        let revision = match value {
-            Some(v) => store.put_value(key, v).await.unwrap(),
-            None => {
-                store
-                    .delete(crate::DeleteRequest::key(key))
-                    .await
-                    .unwrap()
-                    .revision
-            }
-        };
-        let mut sub = w.subscribe_view();
-        let view = within(prompt(fx), "the view to reach the write", async {
-            loop {
-                let v = sub.get_and_update();
-                if v.revision() >= revision {
-                    return v;
-                }
-                sub.changed().await.unwrap();
-            }
-        })
-        .await;
-        views.push(view);
+        let revision = write(&store, key, value).await;
+        views.push(view_reaching(fx, &w, revision).await);
     }
     let told = |later: &crate::recipes::ClusterView, earlier: &crate::recipes::ClusterView| {
         later
@@ -423,38 +403,51 @@ pub async fn watcher_views_tell_what_changed_between_them(fx: &dyn Fixture) {
         ("c/b", Some("4")),
         ("c/b", Some("3")),
     ];
-    let revisions = futures::future::join_all(burst.into_iter().map(|(key, value)| {
-        let store = store.clone();
-        async move {
-            match value {
-                Some(v) => store.put_value(key, v).await.unwrap(),
-                None => {
-                    store
-                        .delete(crate::DeleteRequest::key(key))
-                        .await
-                        .unwrap()
-                        .revision
-                }
-            }
-        }
-    }))
+    let revisions = futures::future::join_all(
+        burst
+            .into_iter()
+            .map(|(key, value)| write(&store, key, value)),
+    )
     .await;
     let newest = revisions.into_iter().max().expect("writes");
-    let mut sub = w.subscribe_view();
-    let after = within(prompt(fx), "the view to reach the burst", async {
-        loop {
-            let v = sub.get_and_update();
-            if v.revision() >= newest {
-                return v;
-            }
-            sub.changed().await.unwrap();
-        }
-    })
-    .await;
+    let after = view_reaching(fx, &w, newest).await;
     assert_eq!(
         told(&after, &before),
         compared(&after, &before),
         "over the burst"
     );
     w.stop().await;
+}
+
+/// Puts `value` at `key`, or deletes it; the write's revision.
+async fn write(store: &Arc<DynKvLeaseStore>, key: &str, value: Option<&str>) -> crate::Revision {
+    match value {
+        Some(v) => store.put_value(key, v).await.unwrap(),
+        None => {
+            store
+                .delete(crate::DeleteRequest::key(key))
+                .await
+                .unwrap()
+                .revision
+        }
+    }
+}
+
+/// The first view `w` publishes at `revision` or later.
+async fn view_reaching(
+    fx: &dyn Fixture,
+    w: &ClusterWatcher,
+    revision: crate::Revision,
+) -> Arc<crate::recipes::ClusterView> {
+    let mut sub = w.subscribe_view();
+    within(prompt(fx), "the view to reach the write", async {
+        loop {
+            let v = sub.get_and_update();
+            if v.revision() >= revision {
+                return v;
+            }
+            sub.changed().await.unwrap();
+        }
+    })
+    .await
 }
