@@ -433,7 +433,7 @@ struct Worker {
     config: ClusterWatcherConfig,
     view: ClusterView,
     view_tx: watch::Sender<Arc<ClusterView>>,
-    /// The hosts map last published, and the hosts written since (`None` once the map was
+    /// The hosts map last published, and the writes applied since (`None` once the map was
     /// replaced whole): each published view's [`Step`].
     published: Option<OrdMap<Arc<str>, Bytes>>,
     written: Option<Vec<Written>>,
