@@ -867,10 +867,12 @@ impl Renewer {
         loop {
             let deadline = (!ignores_deadline()).then(|| self.inner.state().deadline);
             // One timer, at the renewal or the deadline, whichever comes first. After a
-            // renewal answered in time it is already set there: resetting it to the same
-            // instant leaves the timer wheel alone.
+            // renewal answered in time it is already set there, and left alone: a reset to
+            // the same instant still works out the wheel's tick for it.
             let wake = deadline.map_or(next, |d| d.min(next));
-            timer.as_mut().reset(wake);
+            if timer.deadline() != wake {
+                timer.as_mut().reset(wake);
+            }
             tokio::select! {
                 biased;
                 _ = asked.as_mut() => asked.set(inner.renew_now.notified()),
