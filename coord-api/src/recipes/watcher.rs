@@ -27,6 +27,7 @@
 //! resolver, simply end on compaction.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -133,15 +134,32 @@ pub struct ClusterView {
     /// Shared names: a change copies the map's node it lands in, and each of that node's
     /// names is then a count bumped, not a string allocated.
     hosts: OrdMap<Arc<str>, Bytes>,
+    /// Which watcher published it, and when.
+    published: Published,
     /// How the watcher came to this view from the one it published before, when it knows.
     step: Option<Arc<Step>>,
 }
 
-/// The hosts map of the view a watcher published before, and what differs since: what
+/// A watcher's publication: the watcher (numbered from 1 in the process) and the view's place
+/// in what it published. The default is no watcher's: views built otherwise.
+///
+/// A view names the one before it by this, not by holding its hosts map: a map kept that way
+/// lived until the next view was dropped too, and its nodes were freed two views later, long
+/// after the change that copied them (their entries cold again by then).
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+struct Published {
+    watcher: u64,
+    seq: u64,
+}
+
+/// Numbers the watchers of this process, for [`Published`].
+static WATCHERS: AtomicU64 = AtomicU64::new(1);
+
+/// The view a watcher published before, and what differs since: what
 /// [`ClusterView::changes_since`] needs to answer for that view without walking both maps or
 /// looking a host up in either.
 struct Step {
-    from: OrdMap<Arc<str>, Bytes>,
+    from: Published,
     /// The hosts whose metadata differs from `from`'s, in host order, each once, with their
     /// metadata now (`None`: gone).
     changed: Vec<(String, Option<Bytes>)>,
@@ -255,7 +273,9 @@ impl ClusterView {
             // `earlier` is the view the watcher published just before this one: the hosts it
             // wrote since are all that can differ (a walk of both maps still visits every
             // node on the edge of what they share, for each change).
-            Some(step) if step.from.ptr_eq(&earlier.hosts) => {
+            Some(step)
+                if earlier.published != Published::default() && step.from == earlier.published =>
+            {
                 let stepped = step.changed.iter().map(|(host, metadata)| HostChange {
                     host,
                     metadata: metadata.as_ref(),
@@ -359,6 +379,8 @@ impl ClusterWatcher {
             config,
             view: ClusterView::default(),
             view_tx,
+            watcher: WATCHERS.fetch_add(1, Ordering::Relaxed),
+            seq: 0,
             published: None,
             written: None,
             tx,
@@ -372,6 +394,7 @@ impl ClusterWatcher {
         w.view = ClusterView {
             revision,
             hosts,
+            published: Published::default(),
             step: None,
         };
         w.publish();
@@ -433,9 +456,12 @@ struct Worker {
     config: ClusterWatcherConfig,
     view: ClusterView,
     view_tx: watch::Sender<Arc<ClusterView>>,
-    /// The hosts map last published, and the writes applied since (`None` once the map was
+    /// This watcher's number and how many views it published, for [`Published`].
+    watcher: u64,
+    seq: u64,
+    /// The view last published, and the writes applied since (`None` once the map was
     /// replaced whole): each published view's [`Step`].
-    published: Option<OrdMap<Arc<str>, Bytes>>,
+    published: Option<Published>,
     written: Option<Vec<Written>>,
     tx: mpsc::Sender<ClusterEvent>,
     /// The first listing's events that did not fit the buffer at start.
@@ -501,12 +527,18 @@ impl Worker {
     fn publish(&mut self) {
         self.gauges.hosts(self.view.hosts.len());
         let mut view = self.view.clone();
-        if let (Some(from), Some(mut written)) = (self.published.take(), self.written.take()) {
+        self.seq += 1;
+        view.published = Published {
+            watcher: self.watcher,
+            seq: self.seq,
+        };
+        if let (Some(from), Some(written)) = (self.published.take(), self.written.as_mut()) {
             // A stable sort keeps each host's writes in order: its first saw what `from`
             // holds, its last left what the view holds.
             written.sort_by(|a, b| a.host.cmp(&b.host));
             let mut changed = Vec::with_capacity(written.len());
-            let mut writes = written.into_iter().peekable();
+            // Drained, not consumed: the next writes go into the same buffer.
+            let mut writes = written.drain(..).peekable();
             while let Some(first) = writes.next() {
                 let mut after = first.after;
                 while let Some(next) = writes.next_if(|w| w.host == first.host) {
@@ -518,8 +550,8 @@ impl Worker {
             }
             view.step = Some(Arc::new(Step { from, changed }));
         }
-        self.published = Some(self.view.hosts.clone());
-        self.written = Some(Vec::new());
+        self.published = Some(view.published);
+        self.written.get_or_insert_with(Vec::new);
         self.view_tx.send_replace(Arc::new(view));
     }
 
@@ -530,6 +562,7 @@ impl Worker {
             ClusterView {
                 revision,
                 hosts,
+                published: Published::default(),
                 step: None,
             },
         );
