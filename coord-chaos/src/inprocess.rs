@@ -103,6 +103,9 @@ pub fn simulate_service(
 ) -> History {
     let mut builder = tokio::runtime::Builder::new_current_thread();
     builder.enable_time().start_paused(true);
+    // Nothing moves this paused clock but the runtime's parks: coord's readings of it are one
+    // a turn (they were thousands a simulated second, each a lock and a handle).
+    coord_api::sync::clock::forget_at_parks(&mut builder);
     // Tokio's own random choices (unbiased selects in dependencies) come from the seed too
     // where a build can seed them (`--cfg tokio_unstable`); coord's in-process path makes none.
     #[cfg(tokio_unstable)]
@@ -111,6 +114,7 @@ pub fn simulate_service(
     if scenario.explore {
         coord_api::sync::explore::enable(seed);
     }
+    let turns = coord_api::sync::clock::read_once_per_turn();
     let history = rt.block_on(drive(
         service,
         Arc::new(scenario.clone()),
@@ -118,6 +122,7 @@ pub fn simulate_service(
         faults.to_vec(),
     ));
     coord_api::sync::explore::disable();
+    drop(turns);
     // The nodes' tasks go with the runtime, here rather than at a later drop.
     drop(rt);
     history

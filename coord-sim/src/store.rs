@@ -52,7 +52,7 @@ impl Sink {
         if self.tx.is_closed() {
             return false;
         }
-        let now = now.unwrap_or_else(Instant::now);
+        let now = now.unwrap_or_else(coord_api::sync::clock::now);
         let at = now + self.latency + self.link.reply_latency();
         let at = self.last.map_or(at, |last| last.max(at));
         if at <= now {
@@ -176,7 +176,7 @@ impl Shared {
                 }
             }
         }
-        Instant::now()
+        coord_api::sync::clock::now()
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -377,7 +377,7 @@ impl SimStore {
         kind: Call,
         apply: impl FnOnce(&SimStore) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let sent = Instant::now();
+        let sent = coord_api::sync::clock::now();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let this = self.clone();
         match self.link.arrival(sent, self.shared.config.latency) {

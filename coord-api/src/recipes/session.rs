@@ -32,8 +32,8 @@ use super::task::Task;
 use crate::campaign::{withdraw, Cleanup};
 use crate::error::{Error, ErrorClass, Result};
 use crate::store::{DynKvLeaseStore, KeepAlive};
-use crate::sync::watch;
 use crate::sync::Stop;
+use crate::sync::{clock, watch};
 use crate::types::LeaseId;
 
 /// How a [`Session`] keeps its lease.
@@ -779,7 +779,7 @@ impl Renewer {
         }
         // Measured before sending: the server cannot expire the lease earlier than TTL after
         // this instant.
-        let sent = now.unwrap_or_else(Instant::now);
+        let sent = now.unwrap_or_else(clock::now);
         let answer_by = if deadline_counts {
             (sent + self.every).min(deadline)
         } else {
@@ -811,7 +811,7 @@ impl Renewer {
                 // The renewal is acknowledged and not yet published: let other tasks run here
                 // when a simulation explores schedules.
                 crate::sync::explore::point().await;
-                let now = Instant::now();
+                let now = clock::now();
                 let from = if crate::planted::enabled(crate::planted::Bug::SessionDeadlineFromReply)
                 {
                     now
@@ -878,7 +878,7 @@ impl Renewer {
                 _ = asked.as_mut() => asked.set(inner.renew_now.notified()),
                 _ = timer.as_mut() => {}
             }
-            let now = Instant::now();
+            let now = clock::now();
             if deadline.is_some_and(|d| now >= d) {
                 self.expired("waiting to renew");
                 return;

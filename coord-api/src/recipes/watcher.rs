@@ -731,7 +731,7 @@ impl Worker {
             } else {
                 self.config.probe
             };
-            silence.as_mut().reset(tokio::time::Instant::now() + wait);
+            silence.as_mut().reset(crate::sync::clock::now() + wait);
             let first = tokio::select! {
                 biased;
                 item = stream.next() => item,

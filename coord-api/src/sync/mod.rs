@@ -5,6 +5,7 @@
 //! schedule exploration, which lets a simulation interleave tasks at the recipes' await
 //! points from its seed.
 
+pub mod clock;
 pub mod explore;
 mod stop;
 mod waiters;
