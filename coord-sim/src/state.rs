@@ -75,7 +75,9 @@ pub struct State {
     /// The live keys of the prefixes read in create order (queues), by create revision.
     created: Created,
     log: BTreeMap<Revision, Vec<Event>>,
-    leases: BTreeMap<LeaseId, Lease>,
+    /// Looked up by id (each renewal, each stale deadline dropped), never iterated but in
+    /// id order by [`promote`](Self::promote).
+    leases: HashMap<LeaseId, Lease, foldhash::fast::FixedState>,
     deadlines: Deadlines,
     lease_rng: u64,
     watchers: BTreeMap<WatchId, Watcher>,
@@ -112,7 +114,7 @@ impl State {
             keys: Keys::default(),
             created: Created::default(),
             log: BTreeMap::new(),
-            leases: BTreeMap::new(),
+            leases: HashMap::default(),
             deadlines: Deadlines::default(),
             lease_rng: seed,
             watchers: BTreeMap::new(),
@@ -762,7 +764,8 @@ impl State {
     /// leases all get a fresh TTL, whatever the downtime. (For a leader change without
     /// downtime, call [`expire`](Self::expire) first, as the old leader would have.)
     pub fn promote(&mut self, now: Instant, extend: Duration) {
-        let ids: Vec<LeaseId> = self.leases.keys().copied().collect();
+        let mut ids: Vec<LeaseId> = self.leases.keys().copied().collect();
+        ids.sort_unstable();
         for id in ids {
             let lease = self.leases.get_mut(&id).expect("listed");
             lease.deadline = now + extend + lease.ttl;
