@@ -90,6 +90,8 @@ pub struct State {
     unsynced: BTreeSet<WatchId>,
     next_watch: WatchId,
     outbox: Vec<Delivery>,
+    /// [`commit`](Self::commit)'s list of the watches a commit concerns, kept empty between.
+    concerned: Vec<WatchId>,
     min_ttl: Duration,
     compaction_drops_deletes_at_point: bool,
     /// Who the operation being applied is for.
@@ -123,6 +125,7 @@ impl State {
             unsynced: BTreeSet::new(),
             next_watch: 0,
             outbox: Vec::new(),
+            concerned: Vec::new(),
             min_ttl,
             compaction_drops_deletes_at_point: true,
             origin: Origin::Store,
@@ -496,7 +499,9 @@ impl State {
         }
         debug_assert_eq!(p.revision, self.revision + 1);
         self.revision = p.revision;
-        let mut ids: BTreeSet<WatchId> = BTreeSet::new();
+        // The watches concerned, in id order, each once: a buffer kept from commit to commit
+        // (a set built per commit was a tree's nodes allocated and freed each time).
+        let mut ids = std::mem::take(&mut self.concerned);
         for e in &p.events {
             if let Some(watching) = self.key_watchers.get(&e.kv.key) {
                 ids.extend(watching);
@@ -504,16 +509,19 @@ impl State {
         }
         for (id, prefix) in &self.prefix_watchers {
             if p.events.iter().any(|e| e.kv.key.starts_with(prefix)) {
-                ids.insert(*id);
+                ids.push(*id);
             }
         }
-        for id in ids {
-            let w = &self.watchers[&id];
+        ids.sort_unstable();
+        ids.dedup();
+        let compact_revision = self.compact_revision;
+        for &id in &ids {
+            let w = self.watchers.get_mut(&id).expect("listed");
             if !w.synced || w.next_revision > p.revision {
                 continue;
             }
-            let events = Self::matching(w, &p.events, self.compact_revision);
-            self.watchers.get_mut(&id).expect("listed").next_revision = p.revision + 1;
+            let events = Self::matching(w, &p.events, compact_revision);
+            w.next_revision = p.revision + 1;
             if !events.is_empty() {
                 self.outbox.push(Delivery {
                     watch: id,
@@ -521,6 +529,8 @@ impl State {
                 });
             }
         }
+        ids.clear();
+        self.concerned = ids;
         let origin = self.origin;
         self.record(|| Entry::Commit {
             revision: p.revision,
