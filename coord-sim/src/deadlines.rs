@@ -13,9 +13,12 @@
 //! of a dozen levels for each stale entry dropped). What fits no run (more TTLs than runs, or
 //! renewals after a leader change pushed every deadline late) goes into a heap.
 //!
-//! Deadlines equal to the nanosecond are common (sessions started together renew together),
-//! and land in a run in renewal order, not lease order: a run sorts the tie at its front
-//! once, when it comes to the front.
+//! Deadlines equal to the nanosecond are common (sessions started together renew together:
+//! at 1,000 hosts, all of them in one instant each second), and land in a run in renewal
+//! order, not lease order. Which lease of a tie comes first matters only to the expiry of
+//! the tie (leases expire in id order, as they did from the set); the store asks most often
+//! when the next deadline is, and for that any entry of the earliest instant in force
+//! answers. A run sorts the tie at its front only when asked for the first lease.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -33,8 +36,17 @@ pub(crate) struct Deadlines {
     runs: Vec<Run>,
     /// What fits no run.
     heap: BinaryHeap<Reverse<(Instant, LeaseId)>>,
-    /// The earliest entry in force, while known.
-    front: Option<(Instant, LeaseId)>,
+    /// An entry in force at the earliest instant, while known.
+    front: Option<Front>,
+}
+
+/// An entry in force at the earliest instant; `ordered` when its lease is the least of that
+/// instant's.
+#[derive(Debug, Clone, Copy)]
+struct Front {
+    at: Instant,
+    id: LeaseId,
+    ordered: bool,
 }
 
 /// Deadlines in order of instant; entries of one instant in any order, but for the first
@@ -46,10 +58,11 @@ struct Run {
 }
 
 impl Run {
-    /// The run's earliest entry, its front's tie sorted first if it is not yet.
-    fn first(&mut self) -> Option<(Instant, LeaseId)> {
+    /// The run's earliest entry; with `ordered`, the least lease of its instant (the tie
+    /// sorted first if it is not yet).
+    fn first(&mut self, ordered: bool) -> Option<(Instant, LeaseId)> {
         let &(at, _) = self.due.front()?;
-        if self.sorted == 0 {
+        if ordered && self.sorted == 0 {
             let tie = self.due.iter().take_while(|e| e.0 == at).count();
             if tie > 1 {
                 // One instant: the lease decides.
@@ -83,9 +96,17 @@ impl Deadlines {
     pub(crate) fn set(&mut self, at: Instant, id: LeaseId) {
         self.push(at, id);
         match self.front {
-            // The front lease moved: which one is first now is for `first` to find.
-            Some((_, front)) if front == id => self.front = None,
-            Some(front) if (at, id) < front => self.front = Some((at, id)),
+            // The front lease moved: which one is first now is for `find` to find.
+            Some(front) if front.id == id => self.front = None,
+            // Earlier than every entry in force, it is the least of its instant; at the
+            // front's instant, it is the least if the front was.
+            Some(front) if (at, id) < (front.at, front.id) => {
+                self.front = Some(Front {
+                    at,
+                    id,
+                    ordered: front.ordered || at < front.at,
+                })
+            }
             _ => {}
         }
     }
@@ -112,33 +133,49 @@ impl Deadlines {
 
     /// Records that lease `id` is gone; its entries go stale.
     pub(crate) fn forget(&mut self, id: LeaseId) {
-        if self.front.is_some_and(|(_, front)| front == id) {
+        if self.front.is_some_and(|front| front.id == id) {
             self.front = None;
         }
     }
 
-    /// The earliest deadline still in force, and its lease: an entry is in force while
-    /// `current(id)` (the lease's deadline now, `None` once it is gone) still gives its
-    /// instant. Stale entries in front are dropped on the way.
+    /// The earliest deadline still in force, and its lease (of leases with that deadline,
+    /// the least): an entry is in force while `current(id)` (the lease's deadline now,
+    /// `None` once it is gone) still gives its instant. Stale entries in front are dropped on
+    /// the way.
     #[inline]
     pub(crate) fn first(
         &mut self,
         current: impl Fn(LeaseId) -> Option<Instant>,
     ) -> Option<(Instant, LeaseId)> {
-        if self.front.is_some() {
-            return self.front;
+        match self.front {
+            Some(front) if front.ordered => Some((front.at, front.id)),
+            _ => self.find(current, true).map(|f| (f.at, f.id)),
         }
-        self.find(current)
     }
 
-    /// [`first`](Self::first) when the front is not known: out of line, so the known
-    /// front (most calls) costs no more than a look.
+    /// The earliest deadline still in force, as [`first`](Self::first) finds it, without
+    /// sorting a tie to find its least lease.
+    #[inline]
+    pub(crate) fn next(&mut self, current: impl Fn(LeaseId) -> Option<Instant>) -> Option<Instant> {
+        match self.front {
+            Some(front) => Some(front.at),
+            None => self.find(current, false).map(|f| f.at),
+        }
+    }
+
+    /// An entry in force at the earliest instant, the least lease of it if `ordered`, when
+    /// the front is not known: out of line, so the known front (most calls) costs no more
+    /// than a look.
     #[inline(never)]
-    fn find(&mut self, current: impl Fn(LeaseId) -> Option<Instant>) -> Option<(Instant, LeaseId)> {
+    fn find(
+        &mut self,
+        current: impl Fn(LeaseId) -> Option<Instant>,
+        ordered: bool,
+    ) -> Option<Front> {
         loop {
             let mut earliest = self.heap.peek().map(|e| (e.0, Source::Heap));
             for (i, run) in self.runs.iter_mut().enumerate() {
-                if let Some(first) = run.first() {
+                if let Some(first) = run.first(ordered) {
                     if earliest.is_none_or(|(e, _)| first < e) {
                         earliest = Some((first, Source::Run(i)));
                     }
@@ -146,7 +183,7 @@ impl Deadlines {
             }
             let ((at, id), source) = earliest?;
             if current(id) == Some(at) {
-                self.front = Some((at, id));
+                self.front = Some(Front { at, id, ordered });
                 return self.front;
             }
             match source {
@@ -251,7 +288,7 @@ mod tests {
         let mut leases: BTreeMap<LeaseId, Instant> = BTreeMap::new();
         let mut set = std::collections::BTreeSet::new();
         let mut d = Deadlines::default();
-        for (remove, id, at) in ops {
+        for (step, (remove, id, at)) in ops.into_iter().enumerate() {
             if !remove {
                 if let Some(old) = leases.insert(id, at) {
                     set.remove(&(old, id));
@@ -262,9 +299,60 @@ mod tests {
                 set.remove(&(old, id));
                 d.forget(id);
             }
-            let ours = d.first(|id| leases.get(&id).copied());
-            assert_eq!(ours, set.first().copied());
+            // The store asks when far more often than which: both, in a mix of runs.
+            if step % 3 != 2 {
+                let when = d.next(|id| leases.get(&id).copied());
+                assert_eq!(when, set.first().map(|&(at, _)| at), "next, step {step}");
+            }
+            if step % 4 != 1 {
+                let ours = d.first(|id| leases.get(&id).copied());
+                assert_eq!(ours, set.first().copied(), "first, step {step}");
+            }
         }
+    }
+
+    #[test]
+    fn a_tie_is_put_in_lease_order_only_when_its_first_lease_is_asked_for() {
+        let at = Instant::now() + Duration::from_secs(3);
+        let mut current: BTreeMap<LeaseId, Instant> = BTreeMap::new();
+        let mut d = Deadlines::default();
+        for id in [5, 3, 9, 1, 7] {
+            current.insert(LeaseId(id), at);
+            d.set(at, LeaseId(id));
+        }
+        assert_eq!(d.next(|id| current.get(&id).copied()), Some(at));
+        // The front the question found is the renewal order's, not yet the least lease.
+        assert!(d.front.is_some_and(|f| !f.ordered));
+        assert_eq!(d.first(|id| current.get(&id).copied()), Some((at, LeaseId(1))));
+        // The least renews: the tie's next least comes first, and the instant stays.
+        let later = at + Duration::from_secs(1);
+        current.insert(LeaseId(1), later);
+        d.set(later, LeaseId(1));
+        assert_eq!(d.next(|id| current.get(&id).copied()), Some(at));
+        assert_eq!(d.first(|id| current.get(&id).copied()), Some((at, LeaseId(3))));
+        // One of the tie moves, not the front: still the front.
+        current.insert(LeaseId(9), later);
+        d.set(later, LeaseId(9));
+        assert_eq!(d.first(|id| current.get(&id).copied()), Some((at, LeaseId(3))));
+        // A lease joins a tie whose front is the renewal order's, below that front and
+        // above the tie's least: it is not the least for that.
+        let tie = at + Duration::from_secs(2);
+        for id in [8, 2, 6] {
+            current.insert(LeaseId(id), tie);
+            d.set(tie, LeaseId(id));
+        }
+        for id in [3, 5, 7] {
+            current.insert(LeaseId(id), later + Duration::from_secs(5));
+            d.set(later + Duration::from_secs(5), LeaseId(id));
+        }
+        current.remove(&LeaseId(1));
+        d.forget(LeaseId(1));
+        current.remove(&LeaseId(9));
+        d.forget(LeaseId(9));
+        assert_eq!(d.next(|id| current.get(&id).copied()), Some(tie));
+        current.insert(LeaseId(4), tie);
+        d.set(tie, LeaseId(4));
+        assert_eq!(d.first(|id| current.get(&id).copied()), Some((tie, LeaseId(2))));
     }
 
     proptest::proptest! {

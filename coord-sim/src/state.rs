@@ -195,7 +195,9 @@ impl State {
 
     /// The earliest lease deadline, if any lease lives.
     pub fn next_deadline(&mut self) -> Option<Instant> {
-        self.first_deadline().map(|(at, _)| at)
+        let leases = &self.leases;
+        self.deadlines
+            .next(|id| leases.get(&id).map(|lease| lease.deadline))
     }
 
     /// The earliest lease deadline, and its lease.
@@ -788,10 +790,9 @@ impl State {
     /// own revision.
     pub fn expire(&mut self, now: Instant) {
         let origin = std::mem::replace(&mut self.origin, Origin::Expiry);
-        while let Some((deadline, id)) = self.first_deadline() {
-            if deadline > now {
-                break;
-            }
+        // When first, then which: a tie is put in lease order only when it expires.
+        while self.next_deadline().is_some_and(|deadline| deadline <= now) {
+            let (_, id) = self.first_deadline().expect("a deadline in force");
             self.remove_lease(id);
         }
         self.origin = origin;
