@@ -520,8 +520,11 @@ impl Worker {
 
     async fn emit(&self, e: ClusterEvent) {
         crate::sync::explore::point().await;
-        // A consumer that went away is not an error; the task ends when stopped.
-        let _ = self.tx.send(e).await;
+        // A consumer that went away is not an error; the task ends when stopped. With room
+        // in the buffer (nearly always) the event goes in at once, without a wait for a slot.
+        if let Err(mpsc::error::TrySendError::Full(e)) = self.tx.try_send(e) {
+            let _ = self.tx.send(e).await;
+        }
     }
 
     fn publish(&mut self) {
