@@ -323,17 +323,26 @@ mod tests {
         assert_eq!(d.next(|id| current.get(&id).copied()), Some(at));
         // The front the question found is the renewal order's, not yet the least lease.
         assert!(d.front.is_some_and(|f| !f.ordered));
-        assert_eq!(d.first(|id| current.get(&id).copied()), Some((at, LeaseId(1))));
+        assert_eq!(
+            d.first(|id| current.get(&id).copied()),
+            Some((at, LeaseId(1)))
+        );
         // The least renews: the tie's next least comes first, and the instant stays.
         let later = at + Duration::from_secs(1);
         current.insert(LeaseId(1), later);
         d.set(later, LeaseId(1));
         assert_eq!(d.next(|id| current.get(&id).copied()), Some(at));
-        assert_eq!(d.first(|id| current.get(&id).copied()), Some((at, LeaseId(3))));
+        assert_eq!(
+            d.first(|id| current.get(&id).copied()),
+            Some((at, LeaseId(3)))
+        );
         // One of the tie moves, not the front: still the front.
         current.insert(LeaseId(9), later);
         d.set(later, LeaseId(9));
-        assert_eq!(d.first(|id| current.get(&id).copied()), Some((at, LeaseId(3))));
+        assert_eq!(
+            d.first(|id| current.get(&id).copied()),
+            Some((at, LeaseId(3)))
+        );
         // A lease joins a tie whose front is the renewal order's, below that front and
         // above the tie's least: it is not the least for that.
         let tie = at + Duration::from_secs(2);
@@ -352,7 +361,10 @@ mod tests {
         assert_eq!(d.next(|id| current.get(&id).copied()), Some(tie));
         current.insert(LeaseId(4), tie);
         d.set(tie, LeaseId(4));
-        assert_eq!(d.first(|id| current.get(&id).copied()), Some((tie, LeaseId(2))));
+        assert_eq!(
+            d.first(|id| current.get(&id).copied()),
+            Some((tie, LeaseId(2)))
+        );
     }
 
     proptest::proptest! {
