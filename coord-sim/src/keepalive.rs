@@ -61,15 +61,38 @@ struct Channel {
 
 /// The latest renewal: a leg of an earlier one (its caller gave up) finds another number
 /// here and goes no further, as an answer sent to a dropped oneshot went nowhere.
+///
+/// Each leg of each renewal reads and writes it (the send, the landing, the reply, the
+/// caller's wake-up), a thousand sessions' worth between one leg of a session and its next:
+/// it is kept small (errors boxed), so the channel takes two lines of memory, not five.
 #[derive(Debug, Default)]
 struct Renewal {
     number: u64,
     /// Its caller still waits for it.
     waiting: bool,
     /// The latest renewal's outcome, applied at the store and on its way back.
-    on_its_way: Option<Result<Duration>>,
-    answer: Option<Answer<Duration>>,
+    on_its_way: Option<std::result::Result<Duration, Box<coord_api::Error>>>,
+    answer: Option<Reply>,
     waker: Option<Waker>,
+}
+
+/// A renewal's answer, as its channel keeps it for the caller.
+#[derive(Debug)]
+enum Reply {
+    Renewed(Duration),
+    Failed(Box<coord_api::Error>),
+    /// The request or its reply: the caller waits out its timeout.
+    Lost,
+}
+
+impl From<Answer<Duration>> for Reply {
+    fn from(answer: Answer<Duration>) -> Self {
+        match answer {
+            Answer::Replied(Ok(ttl)) => Reply::Renewed(ttl),
+            Answer::Replied(Err(e)) | Answer::Refused(e) => Reply::Failed(Box::new(e)),
+            Answer::Lost => Reply::Lost,
+        }
+    }
 }
 
 impl Channel {
@@ -85,7 +108,7 @@ impl Channel {
             if state.number != number || !state.waiting {
                 return;
             }
-            state.answer = Some(answer);
+            state.answer = Some(answer.into());
             state.waker.take()
         };
         if let Some(w) = waker {
@@ -128,7 +151,7 @@ impl Channel {
             // A request of an earlier renewal can land after the latest one's (it was held,
             // or slower): its outcome never takes the place of the latest one's.
             if state.number == number {
-                state.on_its_way = Some(result);
+                state.on_its_way = Some(result.map_err(Box::new));
             }
         }
         let base = store.shared.config.latency;
@@ -159,7 +182,7 @@ impl Channel {
         };
         if let Some(result) = result {
             let leg = self.client.link.replied(false);
-            self.answer(number, Answer::over(leg, result));
+            self.answer(number, Answer::over(leg, result.map_err(|e| *e)));
         }
     }
 }
@@ -242,9 +265,9 @@ impl KeepAlive for SimKeepAlive {
         .await;
         drop(waiting);
         match answer {
-            Answer::Refused(e) => Err(e),
-            Answer::Replied(result) => result,
-            Answer::Lost => Err(store.lost("keep-alive", Call::Renew, sent).await),
+            Reply::Renewed(ttl) => Ok(ttl),
+            Reply::Failed(e) => Err(*e),
+            Reply::Lost => Err(store.lost("keep-alive", Call::Renew, sent).await),
         }
     }
 }
