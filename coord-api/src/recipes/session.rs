@@ -708,6 +708,9 @@ enum Attempt {
 /// The renewal loop's state: the channel, the period, the backoff after failures.
 struct Renewer {
     inner: Arc<Inner>,
+    /// The session's deadline, which only the renewer moves: its own copy spares it a read
+    /// of the session's state (a lock in an allocation of its own) at every wake-up.
+    deadline: Instant,
     channel: Option<Box<dyn KeepAlive>>,
     every: Duration,
     backoff: Backoff,
@@ -718,6 +721,7 @@ impl Renewer {
     fn new(inner: Arc<Inner>, every: Duration) -> Self {
         let seed = retry::seed(&[&inner.lease.0.to_le_bytes()]);
         Renewer {
+            deadline: inner.state().deadline,
             inner,
             channel: None,
             every,
@@ -751,7 +755,7 @@ impl Renewer {
         bounded: bool,
         mut now: Option<Instant>,
     ) -> Attempt {
-        let deadline = self.inner.state().deadline;
+        let deadline = self.deadline;
         let deadline_counts = bounded && !ignores_deadline();
         if self.channel.is_none() {
             now = None;
@@ -819,8 +823,10 @@ impl Renewer {
                     sent
                 };
                 // Unannounced to the state's receivers (see `Inner::state`).
+                self.deadline = self.deadline.max(from + ttl);
+                let deadline = self.deadline;
                 self.inner.state.send_if_modified(|s| {
-                    s.deadline = s.deadline.max(from + ttl);
+                    s.deadline = deadline;
                     s.last_renewal = Some(now);
                     false
                 });
@@ -865,7 +871,7 @@ impl Renewer {
         let timer = sleep_until(next);
         tokio::pin!(asked, timer);
         loop {
-            let deadline = (!ignores_deadline()).then(|| self.inner.state().deadline);
+            let deadline = (!ignores_deadline()).then_some(self.deadline);
             // One timer, at the renewal or the deadline, whichever comes first. After a
             // renewal answered in time it is already set there, and left alone: a reset to
             // the same instant still works out the wheel's tick for it.
