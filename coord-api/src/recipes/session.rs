@@ -19,9 +19,14 @@
 //!   at least TTL − KA left on its deadline.
 
 use std::collections::BTreeMap;
+use std::future::poll_fn;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use futures::task::AtomicWaker;
 
 use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant, Sleep};
@@ -179,8 +184,10 @@ struct Inner {
     state: watch::Sender<State>,
     /// Told of each renewal, for the waiters that wait for one ([`SessionHandle::fresh`]).
     renewed: Notify,
-    /// Asks the renewal task to renew now (see [`SessionHandle::fresh`]).
-    renew_now: Notify,
+    /// Asks the renewal task to renew now (see [`SessionHandle::fresh`]): set, and the task
+    /// woken, which takes the ask at its next turn (see [`Inner::poll_asked`]).
+    renew_asked: AtomicBool,
+    renewer: AtomicWaker,
     /// Per election: its campaigns on this lease, one at a time (see [`CampaignSlot`]).
     campaigns: Mutex<BTreeMap<String, Arc<CampaignSlot>>>,
 }
@@ -210,6 +217,28 @@ impl CampaignSlot {
 }
 
 impl Inner {
+    /// Asks the renewal task to renew now.
+    fn ask_renewal(&self) {
+        self.renew_asked.store(true, Ordering::SeqCst);
+        self.renewer.wake();
+    }
+
+    /// Ready once asked to renew now (the ask taken); else the renewal task's waker is kept
+    /// for the next ask. Two atomics on the session's own state: a notification's waiter,
+    /// polled at every wake-up of the task, was a lock and a line of memory more each time.
+    fn poll_asked(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.renew_asked.swap(false, Ordering::SeqCst) {
+            return Poll::Ready(());
+        }
+        self.renewer.register(cx.waker());
+        // An ask between the look and the registration woke nobody: look again.
+        if self.renew_asked.swap(false, Ordering::SeqCst) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
     fn end(&self, why: SessionEnd) {
         let ended = self.state.send_if_modified(|s| {
             if s.ended.is_none() {
@@ -429,7 +458,7 @@ impl SessionHandle {
                 return Ok(waited);
             }
             waited = true;
-            self.inner.renew_now.notify_one();
+            self.inner.ask_renewal();
             tokio::select! {
                 biased;
                 changed = rx.changed() => if changed.is_err() { return Err(SessionEnd::Orphaned) },
@@ -487,7 +516,8 @@ impl Session {
                 last_renewal: None,
             }),
             renewed: Notify::new(),
-            renew_now: Notify::new(),
+            renew_asked: AtomicBool::new(false),
+            renewer: AtomicWaker::new(),
             campaigns: Mutex::default(),
         });
         let every = config.renew_interval.unwrap_or(grant.ttl / 3);
@@ -713,7 +743,11 @@ struct Renewer {
     deadline: Instant,
     channel: Option<Box<dyn KeepAlive>>,
     every: Duration,
-    backoff: Backoff,
+    /// Out of line, and reset only after failures: a renewal that goes well need not touch
+    /// it (a thousand sessions' renewers are each a cold line of memory per field spread).
+    backoff: Box<Backoff>,
+    /// Whether the backoff moved since the last renewal answered.
+    backing_off: bool,
     metrics: crate::metrics::record::Renewals,
 }
 
@@ -726,7 +760,12 @@ impl Renewer {
             channel: None,
             every,
             // After a failed renewal, try again sooner than the regular cadence.
-            backoff: Backoff::new((every / 4).max(Duration::from_millis(50)), every, seed),
+            backoff: Box::new(Backoff::new(
+                (every / 4).max(Duration::from_millis(50)),
+                every,
+                seed,
+            )),
+            backing_off: false,
             metrics: crate::metrics::record::Renewals::register(),
         }
     }
@@ -864,12 +903,10 @@ impl Renewer {
     /// ([`Task::spawn_abortable`]): a cancelled renewer has nothing else to do.
     async fn run(mut self, mut next: Instant) {
         let inner = self.inner.clone();
-        // One waiter for the asks to renew now, armed again after each: a fresh one per
-        // renewal was registered and unregistered for nothing nearly every time. An ask made
-        // while a renewal is outstanding finds it armed and is answered by the next one.
-        let asked = inner.renew_now.notified();
+        // An ask to renew now made while a renewal is outstanding stays set, and is answered
+        // by the next one.
         let timer = sleep_until(next);
-        tokio::pin!(asked, timer);
+        tokio::pin!(timer);
         loop {
             let deadline = (!ignores_deadline()).then_some(self.deadline);
             // One timer, at the renewal or the deadline, whichever comes first. After a
@@ -881,7 +918,7 @@ impl Renewer {
             }
             tokio::select! {
                 biased;
-                _ = asked.as_mut() => asked.set(inner.renew_now.notified()),
+                () = poll_fn(|cx| inner.poll_asked(cx)) => {}
                 _ = timer.as_mut() => {}
             }
             let now = clock::now();
@@ -891,11 +928,14 @@ impl Renewer {
             }
             match self.renew(timer.as_mut(), true, Some(now)).await {
                 Attempt::Renewed { sent } => {
-                    self.backoff.reset();
+                    if std::mem::take(&mut self.backing_off) {
+                        self.backoff.reset();
+                    }
                     next = sent + self.every;
                 }
                 Attempt::Failed(_) => {
                     self.metrics.failed();
+                    self.backing_off = true;
                     next = Instant::now() + self.backoff.next_delay();
                 }
                 Attempt::Ended(_) => return,

@@ -264,3 +264,40 @@ pub async fn try_campaign_dropped_mid_write_leaves_no_key(fx: &dyn Fixture) {
     assert!(!b.is_done(), "b's session lives on");
     drop(lead);
 }
+
+/// A leadership is handed out with at least half its session's TTL left: a campaign won when
+/// less is left asks the session's renewer to renew at once, and does not wait for its next
+/// regular renewal.
+pub async fn a_campaign_won_late_in_its_sessions_ttl_asks_for_a_renewal_at_once(fx: &dyn Fixture) {
+    use crate::recipes::{Session, SessionConfig};
+    let store = fx.store();
+    let ttl = fx.ttl();
+    // Renewing only every 9/10 of the TTL, the session has less than half of it left from
+    // 1/2 of the TTL after each renewal until the next.
+    let config = SessionConfig::default()
+        .with_ttl(ttl)
+        .with_renew_interval(ttl * 9 / 10);
+    let s = Session::new(store.clone(), config).await.unwrap();
+    let started = Instant::now();
+    tokio::time::sleep(ttl * 6 / 10).await;
+    assert!(
+        s.deadline().saturating_duration_since(Instant::now()) < ttl / 2,
+        "the case needs less than half the TTL left"
+    );
+    let lead = Election::new(&s, "late").campaign("a").await.unwrap();
+    let won = Instant::now();
+    // The regular renewal is due at 9/10 of the TTL from the start; the ask comes 3/10
+    // before it, and a renewal takes one round trip (slack covers a loaded machine).
+    assert!(
+        won < started + ttl * 9 / 10,
+        "the campaign waited {:?} for the session's regular renewal instead of asking",
+        won - started
+    );
+    assert!(
+        s.deadline().saturating_duration_since(won) >= ttl / 2,
+        "led with {:?} left of a {ttl:?} TTL",
+        s.deadline().saturating_duration_since(won)
+    );
+    lead.resign().await.unwrap();
+    s.stop().await.unwrap();
+}

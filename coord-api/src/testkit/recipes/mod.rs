@@ -62,6 +62,7 @@ macro_rules! recipe_tests {
             watcher::watcher_view_already_holds_each_event_of_a_relist,
             watcher::watcher_views_tell_what_changed_between_them,
             election::campaign_cancelled_by_a_timeout_says_so_and_leaves_no_key,
+            election::a_campaign_won_late_in_its_sessions_ttl_asks_for_a_renewal_at_once,
             election::a_crashed_leaders_successor_wins_within_one_ttl,
             election::no_phantom_leadership_when_the_candidates_lease_dies_while_waiting,
             election::try_campaign_never_blocks,
