@@ -267,7 +267,12 @@ impl KeepAlive for SimKeepAlive {
         match answer {
             Reply::Renewed(ttl) => Ok(ttl),
             Reply::Failed(e) => Err(*e),
-            Reply::Lost => Err(store.lost("keep-alive", Call::Renew, sent).await),
+            // Boxed: waiting out a lost renewal is rare, and its state made every renewal's
+            // future (allocated afresh each time) a line of memory larger.
+            // The store named afresh rather than held across the wait, for the same reason.
+            Reply::Lost => {
+                Err(Box::pin(self.channel.client.lost("keep-alive", Call::Renew, sent)).await)
+            }
         }
     }
 }
