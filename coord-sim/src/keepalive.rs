@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::arrivals::{Arrival, Kept};
 use crate::link::Leg;
-use crate::store::{Answer, Call, Delivery, SimStore};
+use crate::store::{Call, Delivery, SimStore};
 
 /// A keep-alive channel on a [`SimStore`]. See the module docs.
 #[derive(Debug)]
@@ -85,16 +85,6 @@ enum Reply {
     Lost,
 }
 
-impl From<Answer<Duration>> for Reply {
-    fn from(answer: Answer<Duration>) -> Self {
-        match answer {
-            Answer::Replied(Ok(ttl)) => Reply::Renewed(ttl),
-            Answer::Replied(Err(e)) | Answer::Refused(e) => Reply::Failed(Box::new(e)),
-            Answer::Lost => Reply::Lost,
-        }
-    }
-}
-
 impl Channel {
     fn lock(&self) -> MutexGuard<'_, Renewal> {
         // Nothing runs under the lock but the channel's own bookkeeping.
@@ -102,13 +92,13 @@ impl Channel {
     }
 
     /// Answers renewal `number`, if it is still the latest and waited for.
-    fn answer(&self, number: u64, answer: Answer<Duration>) {
+    fn answer(&self, number: u64, answer: Reply) {
         let waker = {
             let mut state = self.lock();
             if state.number != number || !state.waiting {
                 return;
             }
-            state.answer = Some(answer.into());
+            state.answer = Some(answer);
             state.waker.take()
         };
         if let Some(w) = waker {
@@ -143,8 +133,8 @@ impl Channel {
         let result = match landed {
             Delivery::Applied(result) => result,
             // Nothing comes back: the caller waits out its timeout.
-            Delivery::Lost => return self.answer(number, Answer::Lost),
-            Delivery::Refused(e) => return self.answer(number, Answer::Refused(e)),
+            Delivery::Lost => return self.answer(number, Reply::Lost),
+            Delivery::Refused(e) => return self.answer(number, Reply::Failed(Box::new(e))),
         };
         {
             let mut state = self.lock();
@@ -182,7 +172,12 @@ impl Channel {
         };
         if let Some(result) = result {
             let leg = self.client.link.replied(false);
-            self.answer(number, Answer::over(leg, result.map_err(|e| *e)));
+            let reply = match (leg, result) {
+                (Leg::Lost, _) => Reply::Lost,
+                (Leg::Delivered, Ok(ttl)) => Reply::Renewed(ttl),
+                (Leg::Delivered, Err(e)) => Reply::Failed(e),
+            };
+            self.answer(number, reply);
         }
     }
 }
@@ -267,9 +262,9 @@ impl KeepAlive for SimKeepAlive {
         match answer {
             Reply::Renewed(ttl) => Ok(ttl),
             Reply::Failed(e) => Err(*e),
-            // Boxed: waiting out a lost renewal is rare, and its state made every renewal's
-            // future (allocated afresh each time) a line of memory larger.
-            // The store named afresh rather than held across the wait, for the same reason.
+            // Boxed, and the store named afresh rather than held across the wait: waiting out
+            // a lost renewal is rare, and its state made every renewal's future (allocated
+            // afresh each time) a line of memory larger.
             Reply::Lost => {
                 Err(Box::pin(self.channel.client.lost("keep-alive", Call::Renew, sent)).await)
             }

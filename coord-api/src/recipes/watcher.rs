@@ -273,9 +273,9 @@ impl ClusterView {
             // `earlier` is the view the watcher published just before this one: the hosts it
             // wrote since are all that can differ (a walk of both maps still visits every
             // node on the edge of what they share, for each change).
-            Some(step)
-                if earlier.published != Published::default() && step.from == earlier.published =>
-            {
+            // (A step names a watcher's publication, never the default of views built
+            // otherwise.)
+            Some(step) if step.from == earlier.published => {
                 let stepped = step.changed.iter().map(|(host, metadata)| HostChange {
                     host,
                     metadata: metadata.as_ref(),
