@@ -200,7 +200,6 @@ impl SimStore {
                     stream: "watch",
                     source: Some("the simulator closed every stream".into()),
                 }),
-                None,
             );
         }
     }

@@ -114,7 +114,7 @@ impl Channel {
         let landed = match leg {
             Leg::Lost => Delivery::Lost,
             Leg::Delivered => store.arrive("keep-alive", |c| {
-                let (r, earlier) = c.apply_at(now, |s, now| {
+                let (r, earlier) = c.apply(|s, now| {
                     let before = s.next_deadline();
                     let r = s.renew(now, lease);
                     (r, s.next_deadline() < before)

@@ -41,18 +41,16 @@ pub(crate) struct Sink {
 }
 
 impl Sink {
-    /// Sends `item` on its way, `now` if the caller has read this runtime's clock; false
-    /// when the stream is gone.
+    /// Sends `item` on its way; false when the stream is gone.
     pub(crate) fn send(
         &mut self,
         arrivals: &crate::arrivals::Arrivals,
         item: Result<WatchResponse>,
-        now: Option<Instant>,
     ) -> bool {
         if self.tx.is_closed() {
             return false;
         }
-        let now = now.unwrap_or_else(coord_api::sync::clock::now);
+        let now = coord_api::sync::clock::now();
         let at = now + self.latency + self.link.reply_latency();
         let at = self.last.map_or(at, |last| last.max(at));
         if at <= now {
@@ -190,27 +188,12 @@ impl Shared {
     /// Runs one operation for `origin` on the state and delivers what it queued, under one
     /// lock so that deliveries (and the journal) keep commit order.
     pub(crate) fn apply<T>(&self, origin: Origin, op: impl FnOnce(&mut State, Instant) -> T) -> T {
-        self.apply_at(origin, None, op)
-    }
-
-    /// [`apply`](Self::apply), at `landed` (the instant its request landed, read by the
-    /// arrival queue for its batch) when given and the store counts on this runtime's clock:
-    /// a thousand renewals a simulated second at scale each read the clock once fewer.
-    pub(crate) fn apply_at<T>(
-        &self,
-        origin: Origin,
-        landed: Option<Instant>,
-        op: impl FnOnce(&mut State, Instant) -> T,
-    ) -> T {
         let mut inner = self.lock();
-        let now = match landed {
-            Some(at) if self.on_local_clock() => at,
-            _ => self.now(),
-        };
+        let now = self.now();
         inner.state.set_origin(origin);
         let out = op(&mut inner.state, now);
         inner.state.set_origin(Origin::Store);
-        self.deliver(&mut inner, self.on_local_clock().then_some(now));
+        self.deliver(&mut inner);
         let spare = std::mem::take(&mut inner.spare_journal);
         let mut entries = inner.state.swap_journal(spare);
         if !entries.is_empty() {
@@ -226,25 +209,14 @@ impl Shared {
         out
     }
 
-    /// Whether the store's clock is this runtime's own (see [`now`](Self::now)): then an
-    /// instant read for the store serves where this runtime's clock is wanted.
-    fn on_local_clock(&self) -> bool {
-        #[cfg(feature = "grpc")]
-        if self.counts_in_simulated_time.load(Ordering::Acquire) {
-            return false;
-        }
-        true
-    }
-
-    /// Sends the state's queued watch responses on their way; `now` is this runtime's clock,
-    /// when the caller has read it.
-    fn deliver(&self, inner: &mut Inner, now: Option<Instant>) {
+    /// Sends the state's queued watch responses on their way.
+    fn deliver(&self, inner: &mut Inner) {
         let spare = std::mem::take(&mut inner.spare_outbox);
         let mut outbox = inner.state.swap_outbox(spare);
         for d in outbox.drain(..) {
             let end = d.item.is_err();
             let gone = match inner.sinks.get_mut(&d.watch) {
-                Some(sink) => !sink.send(&self.arrivals, d.item, now),
+                Some(sink) => !sink.send(&self.arrivals, d.item),
                 None => true,
             };
             if end || gone {
@@ -553,16 +525,6 @@ impl SimStore {
         self.shared.apply(self.origin(), op)
     }
 
-    /// [`apply`](Self::apply), for a request that landed at `landed` (see
-    /// [`Shared::apply_at`]).
-    pub(crate) fn apply_at<T>(
-        &self,
-        landed: Instant,
-        op: impl FnOnce(&mut State, Instant) -> T,
-    ) -> T {
-        self.shared.apply_at(self.origin(), Some(landed), op)
-    }
-
     /// The configuration the store runs with.
     pub fn config(&self) -> &SimConfig {
         &self.shared.config
@@ -691,7 +653,7 @@ impl KvLeaseStore for SimStore {
                     last: None,
                 };
                 inner.sinks.insert(id, sink);
-                c.shared.deliver(&mut inner, None);
+                c.shared.deliver(&mut inner);
                 id
             };
             // It may need catching up: let the background task see it.
