@@ -902,7 +902,6 @@ impl Renewer {
     /// the deadline passes. Stopped by being dropped where it waits
     /// ([`Task::spawn_abortable`]): a cancelled renewer has nothing else to do.
     async fn run(mut self, mut next: Instant) {
-        let inner = self.inner.clone();
         // An ask to renew now made while a renewal is outstanding stays set, and is answered
         // by the next one.
         let timer = sleep_until(next);
@@ -918,7 +917,7 @@ impl Renewer {
             }
             tokio::select! {
                 biased;
-                () = poll_fn(|cx| inner.poll_asked(cx)) => {}
+                () = poll_fn(|cx| self.inner.poll_asked(cx)) => {}
                 _ = timer.as_mut() => {}
             }
             let now = clock::now();
