@@ -23,7 +23,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::follow::Follow;
-use super::session::{SessionEnd, SessionHandle, SessionHealth};
+use super::session::{CampaignTurn, SessionEnd, SessionHandle, SessionHealth};
 use super::task::Task;
 use crate::campaign::{self, candidate_key, LeaderKey};
 use crate::error::{Error, Result};
@@ -85,6 +85,11 @@ impl Election {
     /// Dropping the future cancels the campaign and deletes its key. The wait ends early, with
     /// an error, when the session ends.
     ///
+    /// All campaigns of one session in one election share one key (`name/<lease>`), as in
+    /// etcd's Go client: a campaign again while the key stands rejoins it at its place and
+    /// writes its value, and the key is then the newer campaign's (an older [`Leadership`]'s
+    /// resign leaves it alone).
+    ///
     /// # Errors
     /// [`Error::CandidacyLost`] when the session ends or the candidate key is deleted while
     /// waiting; whatever the store fails with.
@@ -97,8 +102,8 @@ impl Election {
             return Err(self.ended(self.session.done().await));
         }
         // Campaigns on one lease in one election write one key: one at a time.
-        let turn = self.session.campaign_turn(&self.name).await;
-        let cleanup = self.session.cleanup(&self.name);
+        let CampaignTurn { turn, campaign } = self.session.campaign_turn(&self.name).await;
+        let cleanup = self.session.cleanup(&self.name, campaign);
         let (won, _turn) = tokio::select! {
             biased;
             end = self.session.done() => return Err(self.ended(end)),
@@ -112,6 +117,7 @@ impl Election {
             self.store.clone(),
             self.session.clone(),
             won,
+            campaign,
             self.held.clone(),
         ))
     }
@@ -135,7 +141,8 @@ impl Election {
     }
 
     /// Takes the leadership if nobody holds it, in one transaction; never waits and never
-    /// queues. `Ok(None)` when someone else leads.
+    /// queues. `Ok(None)` when someone else leads. On the session's key, as
+    /// [`campaign`](Self::campaign): a leader rejoins it and writes its value.
     ///
     /// Dropping the future withdraws the key it may have written, once the write settles.
     pub async fn try_campaign(&self, value: impl Into<Bytes>) -> Result<Option<Leadership>> {
@@ -148,6 +155,7 @@ impl Election {
         let turn = self.session.campaign_turn(&self.name).await;
         let unfinished = Unfinished {
             election: self,
+            campaign: turn.campaign,
             key: Some(LeaderKey {
                 name: self.name.clone(),
                 key: Bytes::from(key.clone()),
@@ -166,11 +174,12 @@ impl Election {
         value: Bytes,
         prefix: String,
         key: String,
-        turn: campaign::Turn,
+        turn: CampaignTurn,
     ) -> Result<Option<Leadership>> {
         let lease = self.session.lease();
+        let CampaignTurn { turn, campaign } = turn;
         if self.seats > 1 {
-            return self.try_seat(value, prefix, key, turn).await;
+            return self.try_seat(value, prefix, key, turn, campaign).await;
         }
         // If no candidate exists, put ours; else read the oldest candidate (as etcd's Go
         // TryLock does: a queue of thousands costs one key, not the queue). One transaction,
@@ -197,12 +206,15 @@ impl Election {
             Err(e) => {
                 // A write that may have applied leaves a key nobody waits for: withdraw it.
                 if e.class() == crate::ErrorClass::Indeterminate {
-                    self.withdraw(LeaderKey {
-                        name: self.name.clone(),
-                        key: Bytes::from(key),
-                        token: Revision::ZERO,
-                        lease,
-                    });
+                    self.withdraw(
+                        LeaderKey {
+                            name: self.name.clone(),
+                            key: Bytes::from(key),
+                            token: Revision::ZERO,
+                            lease,
+                        },
+                        campaign,
+                    );
                 }
                 return Err(e);
             }
@@ -222,12 +234,19 @@ impl Election {
                 .and_then(|r| r.as_get())
                 .and_then(|g| g.kvs.first().cloned());
             match first {
-                Some(kv) if kv.key == key.as_bytes() => LeaderKey {
-                    name: self.name.clone(),
-                    key: kv.key,
-                    token: kv.create_revision,
-                    lease,
-                },
+                Some(kv) if kv.key == key.as_bytes() => {
+                    let won = LeaderKey {
+                        name: self.name.clone(),
+                        key: kv.key,
+                        token: kv.create_revision,
+                        lease,
+                    };
+                    // As a campaign's rejoin does: the leader's value becomes this one's.
+                    if kv.value != value {
+                        campaign::proclaim(&*self.store, &won, value).await?;
+                    }
+                    won
+                }
                 _ => return Ok(None),
             }
         };
@@ -237,6 +256,7 @@ impl Election {
             self.store.clone(),
             self.session.clone(),
             won,
+            campaign,
             self.held.clone(),
         )))
     }
@@ -252,7 +272,7 @@ impl Election {
     /// # Errors
     /// Whatever the delete fails with; the key then goes with the session's lease.
     pub async fn leave(&self) -> Result<()> {
-        let _turn = self.session.campaign_turn(&self.name).await;
+        let _turn = self.session.campaign_turn(&self.name).await.turn;
         let key = candidate_key(&self.name, self.session.lease());
         self.store
             .delete(crate::DeleteRequest::key(key))
@@ -330,6 +350,7 @@ impl Election {
         prefix: String,
         key: String,
         turn: campaign::Turn,
+        campaign: u64,
     ) -> Result<Option<Leadership>> {
         let lease = self.session.lease();
         let oldest = || {
@@ -359,7 +380,7 @@ impl Election {
             Ok(r) => r,
             Err(e) => {
                 if e.class() == crate::ErrorClass::Indeterminate {
-                    self.withdraw(won);
+                    self.withdraw(won, campaign);
                 }
                 return Err(e);
             }
@@ -376,14 +397,20 @@ impl Election {
                 // Every seat was taken before our key was written: take it back.
                 if let Err(e) = self.store.resign(&won).await {
                     tracing::debug!(election = %self.name, error = &e as &dyn std::error::Error, "could not withdraw a try; withdrawing in the background");
-                    self.withdraw(won);
+                    self.withdraw(won, campaign);
                 }
                 return Ok(None);
             }
         } else {
             // Our key stands already (this lease queued before): it leads if it is seated.
             match oldest.iter().find(|kv| kv.key == won.key) {
-                Some(kv) => won.token = kv.create_revision,
+                Some(kv) => {
+                    won.token = kv.create_revision;
+                    // As a campaign's rejoin does: the seat's value becomes this one's.
+                    if kv.value != value {
+                        campaign::proclaim(&*self.store, &won, value).await?;
+                    }
+                }
                 None => return Ok(None),
             }
         }
@@ -393,14 +420,15 @@ impl Election {
             self.store.clone(),
             self.session.clone(),
             won,
+            campaign,
             self.held.clone(),
         )))
     }
 
     /// Hands a key this session may have written to the session, which deletes it in the
     /// background unless a newer campaign takes it over.
-    fn withdraw(&self, key: LeaderKey) {
-        if let campaign::Cleanup::HandOff(withdraw) = self.session.cleanup(&self.name) {
+    fn withdraw(&self, key: LeaderKey, campaign: u64) {
+        if let campaign::Cleanup::HandOff(withdraw) = self.session.cleanup(&self.name, campaign) {
             withdraw(self.store.clone(), key);
         }
     }
@@ -476,6 +504,7 @@ impl From<SessionEnd> for LossReason {
 /// the write holds until then).
 struct Unfinished<'a> {
     election: &'a Election,
+    campaign: u64,
     key: Option<LeaderKey>,
 }
 
@@ -489,7 +518,7 @@ impl Unfinished<'_> {
 impl Drop for Unfinished<'_> {
     fn drop(&mut self) {
         if let Some(key) = self.key.take() {
-            self.election.withdraw(key);
+            self.election.withdraw(key, self.campaign);
         }
     }
 }
@@ -512,6 +541,9 @@ pub struct Leadership {
     store: Arc<DynKvLeaseStore>,
     session: SessionHandle,
     key: LeaderKey,
+    /// The campaign's number among its session's in this election: a newer campaign may
+    /// have rejoined the key since, and then the key is not this leadership's to delete.
+    campaign: u64,
     lost: Arc<watch::Sender<Option<LossReason>>>,
     /// Watches for the loss; cancelled on drop.
     _watcher: Task,
@@ -523,6 +555,7 @@ impl Leadership {
         store: Arc<DynKvLeaseStore>,
         session: SessionHandle,
         key: LeaderKey,
+        campaign: u64,
         held: Option<Arc<AtomicUsize>>,
     ) -> Self {
         let lost = Arc::new(watch::Sender::new(None));
@@ -538,6 +571,7 @@ impl Leadership {
             store,
             session,
             key,
+            campaign,
             lost,
             _watcher: watcher,
             held,
@@ -646,13 +680,25 @@ impl Leadership {
         r
     }
 
-    /// Hands over: deletes the key if it is still this one. Idempotent.
+    /// Hands over: deletes the key if it is still this one, and this leadership's: after a
+    /// newer campaign of the same session rejoined the key, the key is left to it.
+    /// Idempotent.
     ///
     /// # Errors
     /// Whatever the delete fails with; the leadership has ended either way (its key then
     /// goes with the session's lease).
     pub async fn resign(self) -> Result<()> {
         lose(&self.lost, &self.key.name, LossReason::Resigned);
+        // In the session's turn for this election: never under a campaign's write of the same
+        // key, and never after a newer campaign took the key over.
+        let Some(_turn) = self
+            .session
+            .resign_turn(&self.key.name, self.campaign)
+            .await
+        else {
+            tracing::info!(election = %self.key.name, token = %self.key.token, "leadership resigned; a newer campaign of the session holds its key");
+            return Ok(());
+        };
         self.store.resign(&self.key).await?;
         tracing::info!(election = %self.key.name, token = %self.key.token, "leadership resigned");
         Ok(())
@@ -666,7 +712,9 @@ impl Leadership {
     /// campaign that already rejoined the key.
     pub(crate) fn withdraw_in_background(self) {
         lose(&self.lost, &self.key.name, LossReason::Resigned);
-        if let campaign::Cleanup::HandOff(withdraw) = self.session.cleanup(&self.key.name) {
+        if let campaign::Cleanup::HandOff(withdraw) =
+            self.session.cleanup(&self.key.name, self.campaign)
+        {
             withdraw(self.store.clone(), self.key.clone());
         }
     }

@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::future::poll_fn;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -196,14 +196,34 @@ struct Inner {
 /// they take turns, and the withdrawal of a campaign that did not finish is retried only
 /// until a newer campaign takes the key over: a withdrawal that landed after that would
 /// delete the newer campaign's key (its leadership, even).
+///
+/// Each campaign is numbered as it asks for its turn: a withdrawal or a resign on behalf of
+/// campaign `n` deletes only while `n` is the latest (a campaign again on the same session
+/// rejoins the key, create revision and all, so no compare in the store can tell the two
+/// apart).
 #[derive(Debug, Default)]
 struct CampaignSlot {
     turn: Arc<tokio::sync::Mutex<()>>,
     /// The pending withdrawal; the next campaign calls it off.
     withdrawal: Mutex<Option<Stop>>,
+    /// The number of the latest campaign to ask for its turn.
+    latest: AtomicU64,
+}
+
+/// A campaign's turn in one election on one lease (see [`SessionHandle::campaign_turn`]).
+pub(crate) struct CampaignTurn {
+    pub(crate) turn: tokio::sync::OwnedMutexGuard<()>,
+    /// The campaign's number in the slot: what its withdrawal or resign is held to.
+    pub(crate) campaign: u64,
 }
 
 impl CampaignSlot {
+    /// Whether `campaign` is still the latest to have asked for a turn: its key is not a
+    /// newer campaign's.
+    fn is_latest(&self, campaign: u64) -> bool {
+        self.latest.load(Ordering::SeqCst) == campaign
+    }
+
     fn call_off_withdrawal(&self) {
         if let Some(t) = self
             .withdrawal
@@ -357,24 +377,50 @@ impl SessionHandle {
             .clone()
     }
 
-    /// A campaign's turn in election `name` on this lease: waits for the campaign or
-    /// withdrawal attempt in progress, and calls off any pending withdrawal of the key, which
-    /// the new campaign takes over (it creates the key or rejoins it).
-    pub(crate) async fn campaign_turn(&self, name: &str) -> tokio::sync::OwnedMutexGuard<()> {
+    /// A campaign's turn in election `name` on this lease: numbers the campaign, waits for
+    /// the campaign or withdrawal attempt in progress, and calls off any pending withdrawal of
+    /// the key, which the new campaign takes over (it creates the key or rejoins it).
+    pub(crate) async fn campaign_turn(&self, name: &str) -> CampaignTurn {
         let slot = self.slot(name);
+        // Numbered before it waits: a resign or withdrawal that gets the turn first sees a
+        // newer campaign coming for the key, and leaves the key to it.
+        let campaign = slot.latest.fetch_add(1, Ordering::SeqCst) + 1;
         slot.call_off_withdrawal();
         let turn = slot.turn.clone().lock_owned().await;
         // A campaign that ended while we waited may have handed a withdrawal over since.
         slot.call_off_withdrawal();
-        turn
+        CampaignTurn { turn, campaign }
     }
 
-    /// What becomes of the key of a campaign in `name` on this lease that does not finish: a
-    /// withdrawal retried until the key is gone (or the lease), unless a newer campaign takes
-    /// the key over first.
-    pub(crate) fn cleanup(&self, name: &str) -> Cleanup {
+    /// The turn to delete the key of `campaign` in election `name` (its resign), or `None`
+    /// when a newer campaign of this session has asked for the key since: the key is that
+    /// campaign's (or will be), not this one's to delete.
+    pub(crate) async fn resign_turn(
+        &self,
+        name: &str,
+        campaign: u64,
+    ) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        let slot = self.slot(name);
+        if !slot.is_latest(campaign) {
+            return None;
+        }
+        // Only a withdrawal can hold the turn now, for one attempt: any campaign holding or
+        // awaiting it would be newer.
+        let turn = slot.turn.clone().lock_owned().await;
+        slot.is_latest(campaign).then_some(turn)
+    }
+
+    /// What becomes of the key of `campaign` in `name` on this lease when it does not finish
+    /// (or its leadership is let go of): a withdrawal retried until the key is gone (or the
+    /// lease), unless a newer campaign takes the key over first.
+    pub(crate) fn cleanup(&self, name: &str, campaign: u64) -> Cleanup {
         let slot = self.slot(name);
         Cleanup::HandOff(Box::new(move |store, leader| {
+            if !slot.is_latest(campaign) {
+                // A newer campaign has the key: nothing to delete, nor any pending
+                // withdrawal (the newer campaign's) to call off.
+                return;
+            }
             let called_off = Stop::new();
             if let Some(old) = slot
                 .withdrawal
@@ -395,7 +441,7 @@ impl SessionHandle {
                         _ = called_off.stopped() => return,
                         turn = slot.turn.clone().lock_owned() => turn,
                     };
-                    if called_off.is_stopped() {
+                    if called_off.is_stopped() || !slot.is_latest(campaign) {
                         return;
                     }
                     let result = withdraw(&*store, &leader).await;

@@ -79,6 +79,39 @@ pub async fn no_phantom_leadership_when_the_candidates_lease_dies_while_waiting(
     ));
 }
 
+/// A campaign again on the same session rejoins the leader's key (`name/<lease>`, its
+/// create revision unchanged): the older leadership's resign after that leaves the key to the
+/// newer one, and the newer one's resign still deletes it. The same for a try.
+pub async fn a_resign_after_a_rejoin_leaves_the_newer_leadership_standing(fx: &dyn Fixture) {
+    let store = fx.store();
+    let a = session(fx, &store).await;
+    let e = Election::new(&a, "e");
+    let first = e.campaign("one").await.unwrap();
+    let second = e.campaign("two").await.unwrap();
+    assert_eq!(
+        second.token(),
+        first.token(),
+        "a re-campaign rejoins the key"
+    );
+    first.resign().await.unwrap();
+    let kv = e.leader().await.unwrap();
+    assert_eq!(
+        kv.value,
+        "two".as_bytes(),
+        "the newer campaign's key stands"
+    );
+    assert_eq!(kv.create_revision, second.token());
+    let third = e
+        .try_campaign("three")
+        .await
+        .unwrap()
+        .expect("rejoins its own key");
+    second.resign().await.unwrap();
+    assert_eq!(e.leader().await.unwrap().value, "three".as_bytes());
+    third.resign().await.unwrap();
+    assert!(matches!(e.leader().await, Err(Error::NoLeader { .. })));
+}
+
 pub async fn try_campaign_never_blocks(fx: &dyn Fixture) {
     let store = fx.store();
     let (a, b) = (session(fx, &store).await, session(fx, &store).await);

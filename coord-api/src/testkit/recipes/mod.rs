@@ -65,6 +65,7 @@ macro_rules! recipe_tests {
             election::a_campaign_won_late_in_its_sessions_ttl_asks_for_a_renewal_at_once,
             election::a_crashed_leaders_successor_wins_within_one_ttl,
             election::no_phantom_leadership_when_the_candidates_lease_dies_while_waiting,
+            election::a_resign_after_a_rejoin_leaves_the_newer_leadership_standing,
             election::try_campaign_never_blocks,
             election::try_campaign_dropped_mid_write_leaves_no_key,
             election::leadership_is_lost_at_the_deadline_when_cut_off,
