@@ -65,7 +65,8 @@ impl Mutex {
     /// Waits until this session holds the lock.
     ///
     /// Dropping the future stops waiting and deletes the waiter's key. Locking again under a
-    /// session that already holds the lock returns it again (same key, same token).
+    /// session that already holds the lock returns it again (same key, same token), and the
+    /// key is then the newer guard's: the older guard's unlock leaves it standing.
     ///
     /// # Errors
     /// [`Error::CandidacyLost`] when the session ends or the waiter's key is deleted while
@@ -142,7 +143,8 @@ impl MutexGuard {
 
     super::hold::held_key_methods!("lock");
 
-    /// Releases the lock: deletes its key if it is still this one. Idempotent.
+    /// Releases the lock: deletes its key if it is still this one, and this guard's (not
+    /// taken over by a newer `lock` on the same session). Idempotent.
     ///
     /// # Errors
     /// Whatever the delete fails with; the lock then ends with the session's lease.

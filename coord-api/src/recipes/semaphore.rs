@@ -92,7 +92,8 @@ impl Semaphore {
     /// Waits until this session holds a permit.
     ///
     /// Dropping the future stops waiting and deletes the waiter's key. Acquiring again under
-    /// a session that already holds a permit returns it again (same key, same token).
+    /// a session that already holds a permit returns it again (same key, same token), and the
+    /// key is then the newer permit's: the older permit's release leaves it standing.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for zero permits or a bad name; [`Error::CandidacyLost`] when
@@ -175,7 +176,8 @@ impl Permit {
 
     super::hold::held_key_methods!("permit");
 
-    /// Releases the permit: deletes its key if it is still this one. Idempotent.
+    /// Releases the permit: deletes its key if it is still this one, and this permit's (not
+    /// taken over by a newer `acquire` on the same session). Idempotent.
     ///
     /// # Errors
     /// Whatever the delete fails with; the permit then ends with the session's lease.
