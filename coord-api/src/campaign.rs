@@ -16,11 +16,11 @@ use tracing::Instrument;
 
 use crate::error::{Error, ErrorClass, Result};
 use crate::recipes::follow::{Change, Follow};
-use crate::recipes::retry;
 use crate::request::{
     Compare, CompareOp, DeleteRequest, GetRequest, PutRequest, SortOrder, SortTarget, TxnOp,
     TxnRequest, WatchRequest,
 };
+use crate::retry;
 use crate::store::{DynKvLeaseStore, KvLeaseStore, LeaderStream};
 use crate::types::{EventKind, KeyValue, LeaseId, Revision};
 use crate::validate;

@@ -73,6 +73,7 @@ mod namespace;
 pub mod planted;
 pub mod recipes;
 mod request;
+pub mod retry;
 mod store;
 pub mod sync;
 mod types;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use coord_api::retry::{self, Backoff};
 use coord_api::{Error, Result};
 use etcd_client::Client;
 use tokio::time::Instant;
@@ -276,14 +277,22 @@ impl Pool {
         self.config.request_timeout
     }
 
-    /// Runs one request with failover and bounded retries; see the type's docs.
-    pub(crate) async fn call<T, F, Fut>(&self, op: &'static str, kind: Kind, mut f: F) -> Result<T>
+    /// Runs one request with failover and bounded retries; see the type's docs. `about` is
+    /// what the request is about (its key, its lease), the seed of its retries' jitter: a
+    /// fleet whose requests failed together does not retry them together.
+    pub(crate) async fn call<T, F, Fut>(
+        &self,
+        op: &'static str,
+        kind: Kind,
+        about: &[u8],
+        mut f: F,
+    ) -> Result<T>
     where
         F: FnMut(Client) -> Fut + Send,
         Fut: Future<Output = std::result::Result<T, etcd_client::Error>> + Send,
         T: Send,
     {
-        self.call_on(op, kind, move |c, _| f(c)).await
+        self.call_on(op, kind, about, move |c, _| f(c)).await
     }
 
     /// As [`call`](Self::call), also handing `f` the connection it runs on, for requests
@@ -292,6 +301,7 @@ impl Pool {
         &self,
         op: &'static str,
         kind: Kind,
+        about: &[u8],
         mut f: F,
     ) -> Result<T>
     where
@@ -301,7 +311,13 @@ impl Pool {
     {
         let deadline = Instant::now() + self.request_timeout();
         let n = self.endpoints.len();
-        let mut backoff = Duration::from_millis(20);
+        // coord's one retry policy (jittered, seeded), at a request's scale: 20 ms doubling
+        // to 500 ms, within the request timeout.
+        let mut backoff = Backoff::new(
+            Duration::from_millis(20),
+            Duration::from_millis(500),
+            retry::seed(&[op.as_bytes(), about]),
+        );
         let mut attempt = 0usize;
         loop {
             let idx = self.current();
@@ -347,12 +363,12 @@ impl Pool {
             attempt += 1;
             // The first pass over the other members goes at once; after that, back off.
             if attempt >= n {
-                if Instant::now() + backoff >= deadline {
+                let delay = backoff.next_delay();
+                if Instant::now() + delay >= deadline {
                     return Err(err);
                 }
-                tracing::debug!(operation = op, attempt, backoff_ms = backoff.as_millis() as u64, error = %error_chain(&err), "retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_millis(500));
+                tracing::debug!(operation = op, attempt, backoff_ms = delay.as_millis() as u64, error = %error_chain(&err), "retrying");
+                tokio::time::sleep(delay).await;
             }
         }
     }
@@ -368,4 +384,68 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
         cur = src.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pool of one member whose connection is never used: the requests below fail before
+    /// they reach it.
+    fn pool() -> Pool {
+        let lazy: ChannelFactory = Arc::new(|| {
+            tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy()
+        });
+        Pool::new(
+            EtcdConfig::new(["unused:1"]).with_request_timeout(Duration::from_secs(2)),
+            vec![lazy],
+        )
+    }
+
+    /// The gaps between the attempts of a read, about `about`, that fails every time with
+    /// an error the pool retries.
+    async fn retry_gaps(about: &[u8]) -> Vec<Duration> {
+        let attempts = Arc::new(Mutex::new(Vec::new()));
+        let seen = attempts.clone();
+        let result: Result<()> = pool()
+            .call("get", Kind::Read, about, move |_| {
+                seen.lock().unwrap().push(Instant::now());
+                async {
+                    Err(etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
+                        "leader changed",
+                    )))
+                }
+            })
+            .await;
+        assert!(result.is_err());
+        let at = attempts.lock().unwrap().clone();
+        at.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_back_off_with_jitter_seeded_by_what_the_request_is_about() {
+        let gaps = retry_gaps(b"hosts/a").await;
+        // 20 ms doubling to 500 ms, each step jittered down by up to half, until the next
+        // would pass the 2 s request timeout.
+        assert!(gaps.len() >= 5, "{gaps:?}");
+        let mut step = Duration::from_millis(20);
+        for gap in &gaps {
+            assert!(
+                *gap <= step && *gap >= step / 2,
+                "{gap:?} outside [{:?}, {step:?}]",
+                step / 2
+            );
+            step = (step * 2).min(Duration::from_millis(500));
+        }
+        assert_eq!(
+            retry_gaps(b"hosts/a").await,
+            gaps,
+            "the same request, the same delays"
+        );
+        assert_ne!(
+            retry_gaps(b"hosts/b").await,
+            gaps,
+            "another host's, other delays"
+        );
+    }
 }

@@ -26,7 +26,8 @@ pub type MemberChannel = Box<dyn Fn() -> tonic::transport::Channel + Send + Sync
 ///
 /// * **Failover.** Given every member's endpoint, it sends requests to one member and moves
 ///   to the next when a connection fails. Reads are retried (any transport failure), writes
-///   only when they were never sent; retries back off from 20 ms to 500 ms and stop at the
+///   only when they were never sent; retries back off from 20 ms to 500 ms, jittered by
+///   what the request is about (coord's one policy, [`coord_api::retry`]), and stop at the
 ///   request timeout.
 /// * **Outcomes.** A write whose outcome is unknown (timed out after being sent, connection
 ///   lost mid-request) is [`Error::Indeterminate`], never retried silently.
@@ -157,7 +158,7 @@ impl EtcdStore {
         let readable = |rev: i64| async move {
             let r = self
                 .pool
-                .call("get", Kind::Read, |mut c| async move {
+                .call("get", Kind::Read, &rev.to_le_bytes(), |mut c| async move {
                     c.get(
                         vec![0u8],
                         Some(etcd_client::GetOptions::new().with_revision(rev)),
@@ -239,7 +240,7 @@ impl KvLeaseStore for EtcdStore {
         let (key, opts) = convert::get(&req);
         let res = self
             .pool
-            .call("get", Kind::Read, |mut c| {
+            .call("get", Kind::Read, req.range.start(), |mut c| {
                 let (key, opts) = (key.clone(), opts.clone());
                 async move { c.get(key, Some(opts)).await }
             })
@@ -256,7 +257,7 @@ impl KvLeaseStore for EtcdStore {
         validate::put(&req, &self.pool.config().limits)?;
         let opts = convert::put_options(&req);
         self.pool
-            .call("put", Kind::Write, |mut c| {
+            .call("put", Kind::Write, &req.key, |mut c| {
                 let (key, value, opts) = (req.key.to_vec(), req.value.to_vec(), opts.clone());
                 async move { c.put(key, value, Some(opts)).await }
             })
@@ -269,7 +270,7 @@ impl KvLeaseStore for EtcdStore {
         validate::delete(&req)?;
         let (key, opts) = convert::delete(&req);
         self.pool
-            .call("delete", Kind::Write, |mut c| {
+            .call("delete", Kind::Write, req.range.start(), |mut c| {
                 let (key, opts) = (key.clone(), opts.clone());
                 async move { c.delete(key, Some(opts)).await }
             })
@@ -286,7 +287,7 @@ impl KvLeaseStore for EtcdStore {
         };
         let res = self
             .pool
-            .call("txn", kind, |mut c| {
+            .call("txn", kind, txn_about(&req), |mut c| {
                 let txn = convert::txn(&req);
                 async move { c.txn(txn).await }
             })
@@ -334,9 +335,12 @@ impl KvLeaseStore for EtcdStore {
         let secs = (ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)) as i64;
         let r = self
             .pool
-            .call("grant", Kind::Write, |mut c| async move {
-                c.lease_grant(secs, None).await
-            })
+            .call(
+                "grant",
+                Kind::Write,
+                &secs.to_le_bytes(),
+                |mut c| async move { c.lease_grant(secs, None).await },
+            )
             .await?;
         Ok(LeaseGrant::new(
             LeaseId(r.id()),
@@ -347,9 +351,12 @@ impl KvLeaseStore for EtcdStore {
     async fn revoke(&self, lease: LeaseId) -> Result<Revision> {
         let r = self
             .pool
-            .call("revoke", Kind::Write, |mut c| async move {
-                c.lease_revoke(lease.0).await
-            })
+            .call(
+                "revoke",
+                Kind::Write,
+                &lease.0.to_le_bytes(),
+                |mut c| async move { c.lease_revoke(lease.0).await },
+            )
             .await
             .map_err(|e| with_lease(e, Some(lease)))?;
         Ok(Revision(r.header().map_or(0, |h| h.revision())))
@@ -358,13 +365,18 @@ impl KvLeaseStore for EtcdStore {
     async fn time_to_live(&self, lease: LeaseId) -> Result<LeaseTimeToLive> {
         let r = self
             .pool
-            .call("time-to-live", Kind::Read, |mut c| async move {
-                c.lease_time_to_live(
-                    lease.0,
-                    Some(etcd_client::LeaseTimeToLiveOptions::new().with_keys()),
-                )
-                .await
-            })
+            .call(
+                "time-to-live",
+                Kind::Read,
+                &lease.0.to_le_bytes(),
+                |mut c| async move {
+                    c.lease_time_to_live(
+                        lease.0,
+                        Some(etcd_client::LeaseTimeToLiveOptions::new().with_keys()),
+                    )
+                    .await
+                },
+            )
             .await
             .map_err(|e| with_lease(e, Some(lease)))?;
         // etcd answers a dead lease with TTL -1, not an error.
@@ -407,13 +419,30 @@ impl KvLeaseStore for EtcdStore {
     async fn compact(&self, revision: Revision) -> Result<()> {
         let res = self
             .pool
-            .call("compact", Kind::Write, |mut c| async move {
-                c.compact(revision.get(), None).await
-            })
+            .call(
+                "compact",
+                Kind::Write,
+                &revision.get().to_le_bytes(),
+                |mut c| async move { c.compact(revision.get(), None).await },
+            )
             .await;
         match res {
             Ok(_) => Ok(()),
             Err(e) => Err(self.with_revisions(e, revision).await),
         }
+    }
+}
+
+/// What a transaction is about, the seed of its retries' jitter: its first compare's key,
+/// else its first operation's.
+fn txn_about(req: &TxnRequest) -> &[u8] {
+    if let Some(c) = req.compares.first() {
+        return &c.key;
+    }
+    match req.success.first().or(req.failure.first()) {
+        Some(TxnOp::Get(g)) => g.range.start(),
+        Some(TxnOp::Put(p)) => &p.key,
+        Some(TxnOp::Delete(d)) => d.range.start(),
+        None => &[],
     }
 }

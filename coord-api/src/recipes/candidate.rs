@@ -29,11 +29,11 @@ use tokio::time::Instant;
 
 use super::election::{Fence, Leadership, LossReason};
 use super::pool::ElectionPool;
-use super::retry::{self, Backoff};
 use super::task::Task;
 use crate::campaign::LeaderKey;
 use crate::error::{Error, Result};
 use crate::request::{TxnRequest, TxnResponse};
+use crate::retry::{self, Backoff};
 use crate::sync::{watch, Stop};
 use crate::types::Revision;
 

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::StreamExt;
 
-use super::retry::{self, Backoff};
 use crate::error::Error;
 use crate::request::{GetRequest, WatchRequest};
+use crate::retry::{self, Backoff};
 use crate::store::{DynKvLeaseStore, WatchStream};
 use crate::types::{EventKind, KeyValue, Revision};
 

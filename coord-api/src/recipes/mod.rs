@@ -29,7 +29,6 @@ mod host;
 mod mutex;
 mod pool;
 mod registration;
-pub(crate) mod retry;
 mod semaphore;
 mod session;
 mod task;

@@ -30,13 +30,13 @@ use tracing::Instrument;
 
 use super::follow::{Change, Follow};
 use super::host::HostSession;
-use super::retry::{self, Backoff};
 use super::session::{SessionConfig, SessionEnd, SessionHandle};
 use super::task::Task;
 use crate::error::{Error, Result};
 use crate::request::{
     Compare, CompareOp, DeleteRequest, GetRequest, PutRequest, TxnOp, TxnOpResponse, TxnRequest,
 };
+use crate::retry::{self, Backoff};
 use crate::store::DynKvLeaseStore;
 use crate::sync::{watch, Stop};
 use crate::types::{LeaseId, Revision};

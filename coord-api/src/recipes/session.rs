@@ -32,10 +32,10 @@ use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant, Sleep};
 use tracing::Instrument;
 
-use super::retry::{self, Backoff};
 use super::task::Task;
 use crate::campaign::{withdraw, Cleanup};
 use crate::error::{Error, ErrorClass, Result};
+use crate::retry::{self, Backoff};
 use crate::store::{DynKvLeaseStore, KeepAlive};
 use crate::sync::Stop;
 use crate::sync::{clock, watch};

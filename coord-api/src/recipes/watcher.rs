@@ -37,10 +37,10 @@ use futures::{FutureExt, StreamExt};
 use imbl::ordmap::{DiffItem, OrdMap};
 use tokio::sync::mpsc;
 
-use super::retry::{self, Backoff};
 use super::task::Task;
 use crate::error::{Error, Result};
 use crate::request::{GetRequest, WatchRequest};
+use crate::retry::{self, Backoff};
 use crate::store::{DynKvLeaseStore, KvLeaseStoreExt};
 use crate::sync::watch;
 use crate::types::EventKind;

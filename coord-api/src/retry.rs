@@ -1,17 +1,34 @@
-//! The one retry policy of the recipes: exponential backoff with jitter, seeded so that a
+//! The one retry policy of coord: exponential backoff with jitter, seeded so that a
 //! simulation replays exactly, and diverse across hosts so that a fleet that lost the same
 //! etcd does not come back in lockstep.
 //!
-//! Every wait that retries (a heal, a renewal after a failure, a watch re-opened, a listing
-//! retried, a clean-up retried until it lands) draws its delays from a [`Backoff`]; nothing in
-//! the recipes sleeps a fixed time or doubles without jitter.
+//! Every wait that retries, in the recipes and in the backends (a heal, a renewal after a
+//! failure, a watch re-opened, a listing retried, a clean-up retried until it lands, a request
+//! sent again to another member), draws its delays from a [`Backoff`]; nothing sleeps a fixed
+//! time or doubles without jitter. A backend or a service of your own can use it too:
+//!
+//! ```
+//! use std::time::Duration;
+//! use coord_api::retry::{seed, Backoff};
+//!
+//! // Seeded from what identifies the waiter: the same delays in every run of a simulation,
+//! // different ones from one host to the next.
+//! let mut backoff = Backoff::new(
+//!     Duration::from_millis(100),
+//!     Duration::from_secs(5),
+//!     seed(&[b"jobs/host-7"]),
+//! );
+//! let first = backoff.next_delay();
+//! assert!(first <= Duration::from_millis(100) && first >= Duration::from_millis(50));
+//! backoff.reset(); // after a success
+//! ```
 
 use std::time::Duration;
 
 /// Exponential backoff: `initial`, doubling, capped at `max`, each delay jittered down by up
 /// to half.
 #[derive(Debug, Clone)]
-pub(crate) struct Backoff {
+pub struct Backoff {
     initial: Duration,
     max: Duration,
     next: Duration,
@@ -19,8 +36,9 @@ pub(crate) struct Backoff {
 }
 
 impl Backoff {
-    /// A backoff from `initial` to `max`, jittered from `seed`.
-    pub(crate) fn new(initial: Duration, max: Duration, seed: u64) -> Self {
+    /// A backoff from `initial` to `max` (at least `initial`), jittered from `seed` (see
+    /// [`seed`]).
+    pub fn new(initial: Duration, max: Duration, seed: u64) -> Self {
         Backoff {
             initial,
             max: max.max(initial),
@@ -29,8 +47,9 @@ impl Backoff {
         }
     }
 
-    /// The next delay.
-    pub(crate) fn next_delay(&mut self) -> Duration {
+    /// The next delay: the current step, less a jitter of up to half of it; the step then
+    /// doubles, up to the cap.
+    pub fn next_delay(&mut self) -> Duration {
         let base = self.next;
         self.next = (self.next * 2).min(self.max);
         // splitmix64: cheap, seedable, good enough for jitter.
@@ -44,19 +63,19 @@ impl Backoff {
     }
 
     /// Starts over from `initial` (after a success).
-    pub(crate) fn reset(&mut self) {
+    pub fn reset(&mut self) {
         self.next = self.initial;
     }
 
-    /// Sleeps the next delay.
-    pub(crate) async fn wait(&mut self) {
+    /// Sleeps the next delay (on tokio's clock: virtual in a simulation).
+    pub async fn wait(&mut self) {
         tokio::time::sleep(self.next_delay()).await;
     }
 }
 
 /// A jitter seed from what identifies the waiter (a key, an election, a lease): the same in
 /// every run of a simulation, different from one host to the next.
-pub(crate) fn seed(parts: &[&[u8]]) -> u64 {
+pub fn seed(parts: &[&[u8]]) -> u64 {
     // FNV-1a, with a separator so that ("ab", "c") and ("a", "bc") differ.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for part in parts {
