@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::future::poll_fn;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -197,17 +197,27 @@ struct Inner {
 /// until a newer campaign takes the key over: a withdrawal that landed after that would
 /// delete the newer campaign's key (its leadership, even).
 ///
-/// Each campaign is numbered as it asks for its turn: a withdrawal or a resign on behalf of
-/// campaign `n` deletes only while `n` is the latest (a campaign again on the same session
-/// rejoins the key, create revision and all, so no compare in the store can tell the two
-/// apart).
-#[derive(Debug, Default)]
+/// Each campaign is numbered as its turn comes: a withdrawal or a resign on behalf of
+/// campaign `n` deletes only while no later campaign has taken a turn (a campaign again on
+/// the same session rejoins the key, create revision and all, so no compare in the store can
+/// tell the two apart). A campaign given up before its turn came took nothing over.
+#[derive(Debug)]
 struct CampaignSlot {
     turn: Arc<tokio::sync::Mutex<()>>,
     /// The pending withdrawal; the next campaign calls it off.
     withdrawal: Mutex<Option<Stop>>,
-    /// The number of the latest campaign to ask for its turn.
-    latest: AtomicU64,
+    /// The number of the latest campaign to have taken its turn.
+    latest: watch::Sender<u64>,
+}
+
+impl Default for CampaignSlot {
+    fn default() -> Self {
+        CampaignSlot {
+            turn: Arc::default(),
+            withdrawal: Mutex::default(),
+            latest: watch::Sender::new(0),
+        }
+    }
 }
 
 /// A campaign's turn in one election on one lease (see [`SessionHandle::campaign_turn`]).
@@ -218,10 +228,10 @@ pub(crate) struct CampaignTurn {
 }
 
 impl CampaignSlot {
-    /// Whether `campaign` is still the latest to have asked for a turn: its key is not a
-    /// newer campaign's.
+    /// Whether `campaign` is still the latest to have taken a turn: its key is not a newer
+    /// campaign's.
     fn is_latest(&self, campaign: u64) -> bool {
-        self.latest.load(Ordering::SeqCst) == campaign
+        self.latest.get() == campaign
     }
 
     fn call_off_withdrawal(&self) {
@@ -382,32 +392,34 @@ impl SessionHandle {
     /// the key, which the new campaign takes over (it creates the key or rejoins it).
     pub(crate) async fn campaign_turn(&self, name: &str) -> CampaignTurn {
         let slot = self.slot(name);
-        // Numbered before it waits: a resign or withdrawal that gets the turn first sees a
-        // newer campaign coming for the key, and leaves the key to it.
-        let campaign = slot.latest.fetch_add(1, Ordering::SeqCst) + 1;
         slot.call_off_withdrawal();
         let turn = slot.turn.clone().lock_owned().await;
         // A campaign that ended while we waited may have handed a withdrawal over since.
         slot.call_off_withdrawal();
+        let mut campaign = 0;
+        slot.latest.send_modify(|n| {
+            *n += 1;
+            campaign = *n;
+        });
         CampaignTurn { turn, campaign }
     }
 
     /// The turn to delete the key of `campaign` in election `name` (its resign), or `None`
-    /// when a newer campaign of this session has asked for the key since: the key is that
-    /// campaign's (or will be), not this one's to delete.
+    /// once a newer campaign of this session has taken its turn: the key is that campaign's,
+    /// not this one's to delete. A newer campaign holds the turn for as long as it waits to
+    /// lead, so this does not wait for the turn past the moment one takes it.
     pub(crate) async fn resign_turn(
         &self,
         name: &str,
         campaign: u64,
     ) -> Option<tokio::sync::OwnedMutexGuard<()>> {
         let slot = self.slot(name);
-        if !slot.is_latest(campaign) {
-            return None;
+        let mut latest = slot.latest.subscribe();
+        tokio::select! {
+            biased;
+            _ = latest.wait_for(|n| *n != campaign) => None,
+            turn = slot.turn.clone().lock_owned() => slot.is_latest(campaign).then_some(turn),
         }
-        // Only a withdrawal can hold the turn now, for one attempt: any campaign holding or
-        // awaiting it would be newer.
-        let turn = slot.turn.clone().lock_owned().await;
-        slot.is_latest(campaign).then_some(turn)
     }
 
     /// What becomes of the key of `campaign` in `name` on this lease when it does not finish

@@ -112,6 +112,82 @@ pub async fn a_resign_after_a_rejoin_leaves_the_newer_leadership_standing(fx: &d
     assert!(matches!(e.leader().await, Err(Error::NoLeader { .. })));
 }
 
+/// A campaign that gave up before its turn came (its session's earlier campaign in the same
+/// election held the turn) took nothing over: the earlier campaign's key is still withdrawn
+/// when that campaign is dropped, and no key of the session is left queued.
+pub async fn a_campaign_dropped_before_its_turn_leaves_the_earlier_ones_cleanup_alone(
+    fx: &dyn Fixture,
+) {
+    let store = fx.store();
+    let (a, b) = (session(fx, &store).await, session(fx, &store).await);
+    let lead = Election::new(&b, "e").campaign("b").await.unwrap();
+    let e = Election::new(&a, "e");
+    let (first, second) = (e.clone(), e.clone());
+    let queued = tokio::spawn(async move { first.campaign("a1").await });
+    eventually(prompt(fx), "the first campaign to queue", || async {
+        store.get_prefix("e/").await.unwrap().count == 2
+    })
+    .await;
+    // Waits for the session's turn, which the queued campaign holds.
+    let behind = tokio::spawn(async move { second.campaign("a2").await });
+    tokio::task::yield_now().await;
+    behind.abort();
+    assert!(behind.await.unwrap_err().is_cancelled());
+    queued.abort();
+    assert!(queued.await.unwrap_err().is_cancelled());
+    eventually(prompt(fx), "the dropped campaign's key to go", || async {
+        store.get_prefix("e/").await.unwrap().count == 1
+    })
+    .await;
+    assert_eq!(e.leader().await.unwrap().value, "b".as_bytes());
+    lead.resign().await.unwrap();
+}
+
+/// A leadership whose key was deleted resigns at once while a newer campaign of its session
+/// waits in the queue (holding the session's turn in the election): it does not wait for
+/// that campaign to lead, and leaves its key, the newer campaign's, queued.
+pub async fn a_resign_does_not_wait_for_a_newer_campaign_of_its_session_to_lead(fx: &dyn Fixture) {
+    let store = fx.store();
+    let (a, b) = (session(fx, &store).await, session(fx, &store).await);
+    let e = Election::new(&a, "e");
+    let old = e.campaign("a1").await.unwrap();
+    let eb = Election::new(&b, "e");
+    let b_waits = tokio::spawn(async move { eb.campaign("b").await });
+    eventually(prompt(fx), "b to queue", || async {
+        store.get_prefix("e/").await.unwrap().count == 2
+    })
+    .await;
+    store
+        .delete(crate::DeleteRequest::key(old.key().key.to_vec()))
+        .await
+        .unwrap();
+    let b_leads = within(prompt(fx), "b to lead", b_waits)
+        .await
+        .unwrap()
+        .unwrap();
+    let again = e.clone();
+    let queued = tokio::spawn(async move { again.campaign("a2").await });
+    eventually(prompt(fx), "a's new campaign to queue", || async {
+        store.get_prefix("e/").await.unwrap().count == 2
+    })
+    .await;
+    within(prompt(fx), "the old leadership's resign", old.resign())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get_prefix("e/").await.unwrap().count,
+        2,
+        "the newer campaign's key stays queued"
+    );
+    b_leads.resign().await.unwrap();
+    let a_leads = within(prompt(fx), "a's new campaign to lead", queued)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(e.leader().await.unwrap().value, "a2".as_bytes());
+    a_leads.resign().await.unwrap();
+}
+
 pub async fn try_campaign_never_blocks(fx: &dyn Fixture) {
     let store = fx.store();
     let (a, b) = (session(fx, &store).await, session(fx, &store).await);

@@ -66,6 +66,8 @@ macro_rules! recipe_tests {
             election::a_crashed_leaders_successor_wins_within_one_ttl,
             election::no_phantom_leadership_when_the_candidates_lease_dies_while_waiting,
             election::a_resign_after_a_rejoin_leaves_the_newer_leadership_standing,
+            election::a_campaign_dropped_before_its_turn_leaves_the_earlier_ones_cleanup_alone,
+            election::a_resign_does_not_wait_for_a_newer_campaign_of_its_session_to_lead,
             election::try_campaign_never_blocks,
             election::try_campaign_dropped_mid_write_leaves_no_key,
             election::leadership_is_lost_at_the_deadline_when_cut_off,
