@@ -387,9 +387,9 @@ impl SessionHandle {
             .clone()
     }
 
-    /// A campaign's turn in election `name` on this lease: numbers the campaign, waits for
-    /// the campaign or withdrawal attempt in progress, and calls off any pending withdrawal of
-    /// the key, which the new campaign takes over (it creates the key or rejoins it).
+    /// A campaign's turn in election `name` on this lease: waits for the campaign or
+    /// withdrawal attempt in progress, calls off any pending withdrawal of the key, which the
+    /// new campaign takes over (it creates the key or rejoins it), and numbers the campaign.
     pub(crate) async fn campaign_turn(&self, name: &str) -> CampaignTurn {
         let slot = self.slot(name);
         slot.call_off_withdrawal();
