@@ -206,13 +206,9 @@ pub(super) fn l1_self_healing(run: &Run<'_>, out: &mut Vec<Violation>) {
         }
     }
     // Lone losses. The heal's first attempt comes within the backoff's first step; the
-    // attempt is a grant and a put. Over turmoil the backoff's timer fires on a tick's
-    // boundary, up to the world's resolution late.
+    // attempt is a grant and a put.
     let s = run.scenario;
-    let bound = s.initial_backoff
-        + run.history.resolution
-        + run.round_trip() * 4
-        + Duration::from_millis(5);
+    let bound = s.initial_backoff + run.round_trip() * 4 + Duration::from_millis(5);
     for lost in &run.beliefs.registered {
         if lost.until >= run.end
             || run.beliefs.crashed.contains_key(&lost.who)
