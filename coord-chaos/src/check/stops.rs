@@ -142,12 +142,8 @@ fn part_stop(run: &Run<'_>, stop: &PartStop, out: &mut Vec<Violation>) {
         }
     }
     // Nothing written by the stopped part until it started again (or the incarnation ended).
-    // The restarted part's first write can carry a stamp up to the world's resolution (a
-    // turmoil tick: each host's clock runs through the tick on its own) before the node's
-    // record of the restart: within that, the two cannot be ordered.
     let until = stop
         .restarted
-        .map(|at| at.saturating_sub(run.history.resolution))
         .or_else(|| run.beliefs.crashed.get(&who).copied())
         .unwrap_or(run.end);
     let writes_part = |key: &str| match &stop.part {
