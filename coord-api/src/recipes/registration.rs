@@ -502,6 +502,10 @@ impl HostRegistration {
             self.task.stop().await;
         }
         let shared = &self.shared;
+        // A heal's write runs on when the loop that sent it stops: it may still land (a retry
+        // on another member, a reply waited out). Removing the key first would let it come
+        // back under a lease that lives on (a host's).
+        drop(shared.heal_writes.write().await);
         shared.status.send_replace(RegistrationStatus::Stopped);
         shared.lease.store(0, Ordering::SeqCst);
         shared.set_session(None);
