@@ -279,7 +279,8 @@ impl Pool {
 
     /// Runs one request with failover and bounded retries; see the type's docs. `about` is
     /// what the request is about (its key, its lease), the seed of its retries' jitter: a
-    /// fleet whose requests failed together does not retry them together.
+    /// fleet whose requests failed together does not retry them together. A grant names
+    /// only its TTL, so a fleet's grants of one TTL retry alike.
     pub(crate) async fn call<T, F, Fut>(
         &self,
         op: &'static str,
