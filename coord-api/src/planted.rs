@@ -76,11 +76,15 @@ pub enum Bug {
     /// never wakes it, and a seat it reaches goes unused (its key holds the seat, nobody
     /// believes in it) until its session ends. Caught by P4.
     SemaphoreWaiterNeverWakes,
+    /// A leadership's resign deletes its key even after a newer campaign of the same session
+    /// rejoined it (the two share the key, create revision and all): the node's own hand-over
+    /// deposes the leadership it handed over to. Caught by S9.
+    ResignIgnoresNewerCampaign,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 19] = [
+    pub const ALL: [Bug; 20] = [
         Bug::CampaignSkipsOwnKeyCheck,
         Bug::WatcherResumesFromNow,
         Bug::WatcherIgnoresCompaction,
@@ -100,6 +104,7 @@ impl Bug {
         Bug::WatcherTrustsProgressAnswers,
         Bug::FailoverStaysOnNoLeader,
         Bug::SemaphoreWaiterNeverWakes,
+        Bug::ResignIgnoresNewerCampaign,
     ];
 
     /// A stable name for command lines and reports.
@@ -124,6 +129,7 @@ impl Bug {
             Bug::WatcherTrustsProgressAnswers => "watcher-trusts-progress-answers",
             Bug::FailoverStaysOnNoLeader => "failover-stays-on-no-leader",
             Bug::SemaphoreWaiterNeverWakes => "semaphore-waiter-never-wakes",
+            Bug::ResignIgnoresNewerCampaign => "resign-ignores-newer-campaign",
         }
     }
 

@@ -88,7 +88,9 @@ impl Election {
     /// All campaigns of one session in one election share one key (`name/<lease>`), as in
     /// etcd's Go client: a campaign again while the key stands rejoins it at its place and
     /// writes its value, and the key is then the newer campaign's (an older [`Leadership`]'s
-    /// resign leaves it alone).
+    /// resign leaves it alone). Unlike Go's, a newer campaign that gives up (dropped, failed,
+    /// or resigned once it led) leaves the key to an older leadership of the session that
+    /// still stands, rather than deposing it: the key goes with the last of them.
     ///
     /// # Errors
     /// [`Error::CandidacyLost`] when the session ends or the candidate key is deleted while
@@ -109,7 +111,7 @@ impl Election {
             end = self.session.done() => return Err(self.ended(end)),
             r = campaign::campaign_with(&*self.store, &self.name, value, lease, cleanup, self.seats, Some(turn)) => r?,
         };
-        self.runway(&won).await?;
+        self.runway(&won, campaign).await?;
         crate::sync::explore::point().await;
         tracing::info!(election = %self.name, token = %won.token, "leadership acquired");
         crate::metrics::record::campaign_won_after(&self.name, begun.elapsed());
@@ -250,7 +252,7 @@ impl Election {
                 _ => return Ok(None),
             }
         };
-        self.runway(&won).await?;
+        self.runway(&won, campaign).await?;
         tracing::info!(election = %self.name, token = %won.token, "leadership acquired (try)");
         Ok(Some(Leadership::new(
             self.store.clone(),
@@ -298,14 +300,18 @@ impl Election {
     /// may have gone while waiting). The confirming read may itself take long (its reply held
     /// past the session's deadline), so the session is judged again after it: the runway
     /// holds when this returns, not only when the check began.
-    async fn runway(&self, won: &LeaderKey) -> Result<()> {
+    ///
+    /// Called in the session's turn, which the campaign holds until it returns: a key it
+    /// gives up goes only as [`SessionHandle`]'s rule for campaign `campaign` allows (an
+    /// earlier leadership of the session that the campaign rejoined keeps it).
+    async fn runway(&self, won: &LeaderKey, campaign: u64) -> Result<()> {
         loop {
             match self.session.fresh(self.session.ttl() / 2).await {
                 Ok(false) => return Ok(()),
                 Ok(true) => match self.still_leads(won).await {
                     Ok(true) => continue,
                     Ok(false) => {
-                        let _ = self.store.resign(won).await;
+                        self.give_up(won, campaign).await;
                         return Err(Error::CandidacyLost {
                             election: self.name.clone(),
                             key: String::from_utf8_lossy(&won.key).into_owned(),
@@ -315,15 +321,23 @@ impl Election {
                         });
                     }
                     Err(e) => {
-                        let _ = self.store.resign(won).await;
+                        self.give_up(won, campaign).await;
                         return Err(e);
                     }
                 },
                 Err(end) => {
-                    let _ = self.store.resign(won).await;
+                    self.give_up(won, campaign).await;
                     return Err(self.ended(end));
                 }
             }
+        }
+    }
+
+    /// Deletes the key a campaign won and is giving up, unless the session's rule leaves it
+    /// to another of its campaigns. In the session's turn.
+    async fn give_up(&self, won: &LeaderKey, campaign: u64) {
+        if self.session.may_delete(&self.name, campaign) {
+            let _ = self.store.resign(won).await;
         }
     }
 
@@ -414,7 +428,7 @@ impl Election {
                 None => return Ok(None),
             }
         }
-        self.runway(&won).await?;
+        self.runway(&won, campaign).await?;
         tracing::info!(election = %self.name, token = %won.token, "seat acquired (try)");
         Ok(Some(Leadership::new(
             self.store.clone(),
@@ -559,6 +573,7 @@ impl Leadership {
         held: Option<Arc<AtomicUsize>>,
     ) -> Self {
         let lost = Arc::new(watch::Sender::new(None));
+        session.stand(&key.name, campaign, &lost);
         let span = tracing::info_span!("leadership", election = %key.name, token = %key.token);
         let watching = watch_loss(store.clone(), session.clone(), key.clone(), lost.clone());
         // Nothing to let go of when stopped: dropped where it waits.
@@ -680,9 +695,10 @@ impl Leadership {
         r
     }
 
-    /// Hands over: deletes the key if it is still this one, and this leadership's: after a
-    /// newer campaign of the same session rejoined the key, the key is left to it.
-    /// Idempotent.
+    /// Hands over: deletes the key if it is still this one, and this leadership's alone:
+    /// after a newer campaign of the same session rejoined the key, the key is left to it;
+    /// while an older leadership of the session on the key stands (this one rejoined it),
+    /// the key is left to that one. Idempotent.
     ///
     /// # Errors
     /// Whatever the delete fails with; the leadership has ended either way (its key then
@@ -691,11 +707,15 @@ impl Leadership {
         lose(&self.lost, &self.key.name, LossReason::Resigned);
         // In the session's turn for this election: never under a campaign's write of the same
         // key, and never after a newer campaign took the key over.
-        let Some(_turn) = self
-            .session
-            .resign_turn(&self.key.name, self.campaign)
-            .await
-        else {
+        let planted = crate::planted::enabled(crate::planted::Bug::ResignIgnoresNewerCampaign);
+        let Some(_turn) = (if planted {
+            Some(None)
+        } else {
+            self.session
+                .resign_turn(&self.key.name, self.campaign)
+                .await
+                .map(Some)
+        }) else {
             tracing::info!(election = %self.key.name, token = %self.key.token, "leadership resigned; a newer campaign of the session holds its key");
             return Ok(());
         };

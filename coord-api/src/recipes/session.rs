@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -32,6 +32,7 @@ use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant, Sleep};
 use tracing::Instrument;
 
+use super::election::LossReason;
 use super::task::Task;
 use crate::campaign::{withdraw, Cleanup};
 use crate::error::{Error, ErrorClass, Result};
@@ -192,6 +193,9 @@ struct Inner {
     campaigns: Mutex<BTreeMap<String, Arc<CampaignSlot>>>,
 }
 
+/// A leadership's loss signal: unset while it stands.
+type LossSignal = watch::Sender<Option<LossReason>>;
+
 /// One election's campaigns on one lease. They all write the same key (`name/<lease>`), so
 /// they take turns, and the withdrawal of a campaign that did not finish is retried only
 /// until a newer campaign takes the key over: a withdrawal that landed after that would
@@ -200,7 +204,9 @@ struct Inner {
 /// Each campaign is numbered as its turn comes: a withdrawal or a resign on behalf of
 /// campaign `n` deletes only while no later campaign has taken a turn (a campaign again on
 /// the same session rejoins the key, create revision and all, so no compare in the store can
-/// tell the two apart). A campaign given up before its turn came took nothing over.
+/// tell the two apart), and while no earlier leadership of the session on the key still
+/// stands: the key is that one's too, and is left to it (see [`CampaignSlot::may_delete`]).
+/// A campaign given up before its turn came took nothing over.
 #[derive(Debug)]
 struct CampaignSlot {
     turn: Arc<tokio::sync::Mutex<()>>,
@@ -208,6 +214,9 @@ struct CampaignSlot {
     withdrawal: Mutex<Option<Stop>>,
     /// The number of the latest campaign to have taken its turn.
     latest: watch::Sender<u64>,
+    /// The leaderships won on the key, by campaign number, each with its loss signal: one
+    /// whose signal is unset (and not dropped) still stands.
+    standing: Mutex<Vec<(u64, Weak<LossSignal>)>>,
 }
 
 impl Default for CampaignSlot {
@@ -216,6 +225,7 @@ impl Default for CampaignSlot {
             turn: Arc::default(),
             withdrawal: Mutex::default(),
             latest: watch::Sender::new(0),
+            standing: Mutex::default(),
         }
     }
 }
@@ -232,6 +242,32 @@ impl CampaignSlot {
     /// campaign's.
     fn is_latest(&self, campaign: u64) -> bool {
         self.latest.get() == campaign
+    }
+
+    /// Whether the key may be deleted on behalf of `campaign` (its resign, or the withdrawal
+    /// of a campaign that did not finish): only while it is the latest campaign, and no
+    /// earlier leadership of the session on the key still stands. When one stands (a newer
+    /// campaign rejoined its key, then gave up or resigned), the key is left to it, and it is
+    /// the latest again: its own resign deletes the key. The one place that rule lives: every
+    /// delete of the key on a campaign's behalf asks here, in the session's turn.
+    fn may_delete(&self, campaign: u64) -> bool {
+        if !self.is_latest(campaign) {
+            return false;
+        }
+        let mut standing = self.standing.lock().unwrap_or_else(|p| p.into_inner());
+        standing.retain(|(_, lost)| lost.upgrade().is_some_and(|l| l.get().is_none()));
+        let earlier = standing
+            .iter()
+            .map(|(n, _)| *n)
+            .filter(|n| *n < campaign)
+            .max();
+        match earlier {
+            Some(n) => {
+                self.latest.send_replace(n);
+                false
+            }
+            None => true,
+        }
     }
 
     fn call_off_withdrawal(&self) {
@@ -404,10 +440,27 @@ impl SessionHandle {
         CampaignTurn { turn, campaign }
     }
 
+    /// Records the leadership `campaign` won in election `name`: while it stands (`lost`
+    /// unset), the key is left to it when a newer campaign of this session that rejoined the
+    /// key gives up or resigns (see [`CampaignSlot::may_delete`]).
+    pub(crate) fn stand(&self, name: &str, campaign: u64, lost: &Arc<LossSignal>) {
+        let slot = self.slot(name);
+        let mut standing = slot.standing.lock().unwrap_or_else(|p| p.into_inner());
+        standing.retain(|(_, l)| l.upgrade().is_some_and(|l| l.get().is_none()));
+        standing.push((campaign, Arc::downgrade(lost)));
+    }
+
+    /// Whether the key of `campaign` in election `name` may be deleted now, by a caller that
+    /// holds the session's turn there (see [`CampaignSlot::may_delete`]).
+    pub(crate) fn may_delete(&self, name: &str, campaign: u64) -> bool {
+        self.slot(name).may_delete(campaign)
+    }
+
     /// The turn to delete the key of `campaign` in election `name` (its resign), or `None`
-    /// once a newer campaign of this session has taken its turn: the key is that campaign's,
-    /// not this one's to delete. A newer campaign holds the turn for as long as it waits to
-    /// lead, so this does not wait for the turn past the moment one takes it.
+    /// once a newer campaign of this session has taken its turn (the key is that campaign's,
+    /// not this one's to delete) or while an earlier leadership of the session on the key
+    /// stands (the key is left to it). A newer campaign holds the turn for as long as it
+    /// waits to lead, so this does not wait for the turn past the moment one takes it.
     pub(crate) async fn resign_turn(
         &self,
         name: &str,
@@ -418,7 +471,7 @@ impl SessionHandle {
         tokio::select! {
             biased;
             _ = latest.wait_for(|n| *n != campaign) => None,
-            turn = slot.turn.clone().lock_owned() => slot.is_latest(campaign).then_some(turn),
+            turn = slot.turn.clone().lock_owned() => slot.may_delete(campaign).then_some(turn),
         }
     }
 
@@ -428,9 +481,9 @@ impl SessionHandle {
     pub(crate) fn cleanup(&self, name: &str, campaign: u64) -> Cleanup {
         let slot = self.slot(name);
         Cleanup::HandOff(Box::new(move |store, leader| {
-            if !slot.is_latest(campaign) {
-                // A newer campaign has the key: nothing to delete, nor any pending
-                // withdrawal (the newer campaign's) to call off.
+            if !slot.may_delete(campaign) {
+                // A newer campaign has the key, or an earlier leadership keeps it: nothing to
+                // delete, nor any pending withdrawal (the newer campaign's) to call off.
                 return;
             }
             let called_off = Stop::new();
@@ -453,7 +506,7 @@ impl SessionHandle {
                         _ = called_off.stopped() => return,
                         turn = slot.turn.clone().lock_owned() => turn,
                     };
-                    if called_off.is_stopped() || !slot.is_latest(campaign) {
+                    if called_off.is_stopped() || !slot.may_delete(campaign) {
                         return;
                     }
                     let result = withdraw(&*store, &leader).await;

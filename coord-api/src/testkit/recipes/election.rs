@@ -112,6 +112,38 @@ pub async fn a_resign_after_a_rejoin_leaves_the_newer_leadership_standing(fx: &d
     assert!(matches!(e.leader().await, Err(Error::NoLeader { .. })));
 }
 
+/// A newer campaign of the session rejoins a standing leadership's key; when that campaign
+/// resigns (or gives up), the key is left to the older leadership, which still leads (its
+/// fenced writes go through) and whose own resign then deletes the key. Nothing of a
+/// process deposes a leadership the process still holds.
+pub async fn a_newer_campaign_that_resigns_leaves_the_key_to_the_older_leadership(
+    fx: &dyn Fixture,
+) {
+    let store = fx.store();
+    let a = session(fx, &store).await;
+    let e = Election::new(&a, "e");
+    let first = e.campaign("one").await.unwrap();
+    let second = e.campaign("two").await.unwrap();
+    assert_eq!(
+        second.token(),
+        first.token(),
+        "a re-campaign rejoins the key"
+    );
+    second.resign().await.unwrap();
+    let kv = e.leader().await.unwrap();
+    assert_eq!(
+        kv.create_revision,
+        first.token(),
+        "the older leadership's key stands"
+    );
+    first
+        .txn(TxnRequest::new().and_then([PutRequest::new("work", "one")]))
+        .await
+        .expect("the older leadership still leads");
+    first.resign().await.unwrap();
+    assert!(matches!(e.leader().await, Err(Error::NoLeader { .. })));
+}
+
 /// A campaign that gave up before its turn came (its session's earlier campaign in the same
 /// election held the turn) took nothing over: the earlier campaign's key is still withdrawn
 /// when that campaign is dropped, and no key of the session is left queued.

@@ -68,6 +68,7 @@ macro_rules! recipe_tests {
             election::a_resign_after_a_rejoin_leaves_the_newer_leadership_standing,
             election::a_campaign_dropped_before_its_turn_leaves_the_earlier_ones_cleanup_alone,
             election::a_resign_does_not_wait_for_a_newer_campaign_of_its_session_to_lead,
+            election::a_newer_campaign_that_resigns_leaves_the_key_to_the_older_leadership,
             election::try_campaign_never_blocks,
             election::try_campaign_dropped_mid_write_leaves_no_key,
             election::leadership_is_lost_at_the_deadline_when_cut_off,
