@@ -1,7 +1,8 @@
 //! coord's own service: each node holds one lease (a `HostSession`), registers itself under
 //! it (and changes its metadata now and then), runs a `Candidate` in every election on it
-//! whose work writes through the fence while it leads, takes a shared lock and a permit of a
-//! shared semaphore now and then (`coord_locker`), and (on the first nodes) follows the
+//! whose work writes through the fence while it leads (and now and then hands its term over
+//! to a newer campaign of its own, which rejoins the key), takes a shared lock and a permit
+//! of a shared semaphore now and then (`coord_locker`), and (on the first nodes) follows the
 //! cluster. Every belief and output is recorded as it changes; every consumer reads the
 //! recipe's state at each event it gets and records what disagrees. The `stop` fault stops
 //! one of its parts for a while: the registration, the pool, a candidate.
@@ -10,12 +11,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use coord_api::recipes::{
-    Candidate, CandidateConfig, ClusterWatcher, ClusterWatcherConfig, ElectionPool,
-    HostRegistration, HostSession, RegistrationConfig, RegistrationStatus, SessionConfig, Term,
+    Candidate, CandidateConfig, ClusterWatcher, ClusterWatcherConfig, ElectionPool, Fence,
+    HostRegistration, HostSession, Leadership, RegistrationConfig, RegistrationStatus,
+    SessionConfig, Term,
 };
 use coord_api::sync::{watch, Stop};
-use coord_api::{Error, PutRequest, TxnRequest};
+use coord_api::{Error, PutRequest, Revision, TxnRequest};
 use futures::future::BoxFuture;
+use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{sleep_until, Instant};
 use tracing::Instrument;
@@ -380,7 +383,8 @@ impl Pool {
     }
 }
 
-/// Runs a candidate in election `e` until stopped; when told to resign, stops it for a while.
+/// Runs a candidate in election `e` until stopped; when told to resign, stops it for a while;
+/// when a term hands over to a newer campaign of the node's own, leads on with that one.
 async fn candidacy(
     node: Node,
     pool: ElectionPool,
@@ -396,14 +400,20 @@ async fn candidacy(
     let config = CandidateConfig::new(name.clone(), node.who().to_string())
         .with_backoff(s.initial_backoff, s.max_backoff);
     loop {
-        let candidate = Candidate::spawn(&pool, config.clone(), work(node.clone(), e, rng.fork()));
-        let req = loop {
+        // A channel per candidate: what a term hands over is answered before the next
+        // candidate runs.
+        let (handoff, mut handoffs) = mpsc::unbounded_channel();
+        let work = work(node.clone(), e, rng.fork(), pool.clone(), handoff);
+        let candidate = Candidate::spawn(&pool, config.clone(), work);
+        let next = loop {
             tokio::select! {
                 biased;
                 _ = stop.stopped() => {
                     let _ = candidate.stop().await;
+                    let_go_of(&node, &name, &mut handoffs).await;
                     return;
                 }
+                Some(h) = handoffs.recv() => break Next::Hold(h),
                 changed = told.changed() => {
                     if changed.is_err() {
                         continue;
@@ -411,83 +421,232 @@ async fn candidacy(
                     // A candidate that leads is told to hand over; one still campaigning is
                     // left alone.
                     if let Some(req) = told.get().filter(|_| candidate.is_leader()) {
-                        break req;
+                        break Next::Rest(req);
                     }
                 }
             }
         };
-        let part = Part::Leadership(name.clone());
-        stop_part(&node, part.clone(), candidate.stop()).await;
-        tokio::select! {
-            biased;
-            _ = stop.stopped() => return,
-            _ = tokio::time::sleep(req.length) => {}
+        match next {
+            Next::Rest(req) => {
+                let part = Part::Leadership(name.clone());
+                stop_part(&node, part.clone(), candidate.stop()).await;
+                // A hand-over sent as the candidate was told to stop.
+                let_go_of(&node, &name, &mut handoffs).await;
+                tokio::select! {
+                    biased;
+                    _ = stop.stopped() => return,
+                    _ = tokio::time::sleep(req.length) => {}
+                }
+                node.record(Happening::PartStarted {
+                    who: node.who(),
+                    part,
+                });
+            }
+            Next::Hold(h) => {
+                // The term's leadership resigns as the candidate stops: it must leave the key
+                // to the newer campaign, which the node still believes in.
+                let _ = candidate.stop().await;
+                let_go_of(&node, &name, &mut handoffs).await;
+                if !hold(&node, e, h, &stop, &mut rng).await {
+                    return;
+                }
+            }
         }
-        node.record(Happening::PartStarted {
-            who: node.who(),
-            part,
-        });
     }
 }
 
-/// The work of each term the node's candidate in election `e` wins.
-fn work(node: Node, e: usize, mut rng: Rng) -> impl FnMut(Term) -> BoxFuture<'static, ()> {
-    move |term| Box::pin(lead(node.clone(), e, term, rng.fork()))
+/// What the candidacy does once its candidate's loop is interrupted.
+enum Next {
+    /// Told to hand over: stop the candidate, rest for the request's length.
+    Rest(PartStopRequest),
+    /// A term handed over to a newer campaign of the node's own: lead on with it.
+    Hold(Handoff),
 }
 
-/// Acts as leader every TTL/4 until the term is over (or, now and then, hands over); then
-/// winds down, sometimes for longer than the candidate's grace.
-async fn lead(node: Node, e: usize, term: Term, mut rng: Rng) {
+/// A leadership a term handed over to: a newer campaign of the node, on its pool's session.
+struct Handoff {
+    newer: Leadership,
+    /// The newer campaign rejoined the term's key (the same token): the node's belief
+    /// carries on unbroken. Otherwise (the pool's session changed) it is a leadership of its
+    /// own, not yet believed.
+    continues: bool,
+}
+
+/// Ends the beliefs of hand-overs nobody will hold, and resigns them.
+async fn let_go_of(node: &Node, name: &str, handoffs: &mut mpsc::UnboundedReceiver<Handoff>) {
+    while let Ok(h) = handoffs.try_recv() {
+        if h.continues {
+            node.leader_end(name, h.newer.token(), true);
+        }
+        let _ = h.newer.resign().await;
+    }
+}
+
+/// Leads on with a leadership a term handed over to: a few acts through its fence, then
+/// resigns it (which deletes the key: it is the newest campaign). Returns `false` when the
+/// candidacy was stopped meanwhile.
+async fn hold(node: &Node, e: usize, h: Handoff, stop: &Stop, rng: &mut Rng) -> bool {
+    let name = election_name(e);
+    let Handoff { newer, continues } = h;
+    let token = newer.token();
+    if !continues {
+        node.leader_start(&name, token);
+    }
+    let work = node.work_started(&name, token);
+    let every = node.scenario().ttl / 4;
+    let mut lost = false;
+    let mut stopped = false;
+    for _ in 0..rng.between(1, 4) {
+        tokio::select! {
+            biased;
+            _ = stop.stopped() => {
+                stopped = true;
+                break;
+            }
+            _ = newer.lost() => {
+                lost = true;
+                break;
+            }
+            _ = tokio::time::sleep(every) => {}
+        }
+        tokio::select! {
+            biased;
+            _ = newer.lost() => {
+                lost = true;
+                break;
+            }
+            _ = write_through(node, e, token, newer.fence()) => {}
+        }
+    }
+    node.leader_end(&name, token, !lost);
+    drop(work);
+    if !lost {
+        let _ = newer.resign().await;
+    }
+    !stopped
+}
+
+/// The work of each term the node's candidate in election `e` wins.
+fn work(
+    node: Node,
+    e: usize,
+    mut rng: Rng,
+    pool: ElectionPool,
+    handoff: mpsc::UnboundedSender<Handoff>,
+) -> impl FnMut(Term) -> BoxFuture<'static, ()> {
+    move |term| {
+        Box::pin(lead(
+            node.clone(),
+            e,
+            term,
+            rng.fork(),
+            pool.clone(),
+            handoff.clone(),
+        ))
+    }
+}
+
+/// How a term's work ended.
+enum TermEnd {
+    /// The term is over.
+    Over,
+    /// The node hands over to whoever campaigns next.
+    HandedOver,
+    /// The node hands over to a newer campaign of its own, which leads already.
+    ToNewer(Leadership),
+}
+
+/// Acts as leader every TTL/4 until the term is over (or, now and then, hands over: to
+/// whoever campaigns next, or to a newer campaign of its own on the same session, which
+/// rejoins the key and leads on); then winds down, sometimes for longer than the
+/// candidate's grace.
+async fn lead(
+    node: Node,
+    e: usize,
+    term: Term,
+    mut rng: Rng,
+    pool: ElectionPool,
+    handoff: mpsc::UnboundedSender<Handoff>,
+) {
     let name = election_name(e);
     let token = term.token();
     node.leader_start(&name, token);
     let _work = node.work_started(&name, token);
     let ttl = node.scenario().ttl;
     let every = ttl / 4;
-    let handed_over = loop {
+    let end = loop {
         tokio::select! {
             biased;
-            _ = term.over() => break false,
+            _ = term.over() => break TermEnd::Over,
             _ = tokio::time::sleep(every) => {}
         }
-        // A paused process decided to act, then stalls before acting: the act comes late,
-        // and only the fence stops it from doing harm. The write goes on in a task of its
-        // own: a term that is over cannot call back a request already sent, and the store
-        // judges it when it lands.
-        let fence = term.fence();
-        let writer = node.clone();
-        let election = name.clone();
-        let write = tokio::spawn(async move {
-            writer.unpaused().await;
-            let txn = TxnRequest::new().and_then([PutRequest::new(work_key(e), token.to_string())]);
-            let outcome = match fence.txn(txn).await {
-                Ok(r) if r.succeeded => Outcome::Accepted,
-                Ok(_) => Outcome::Unknown,
-                Err(Error::FencedOut { .. }) => Outcome::FencedOut,
-                Err(_) => Outcome::Unknown,
-            };
-            writer.record(Happening::FencedWrite {
-                who: writer.who(),
-                election,
-                token,
-                outcome,
-            });
-        });
         tokio::select! {
             biased;
-            _ = term.over() => break false,
-            _ = write => {}
+            _ = term.over() => break TermEnd::Over,
+            _ = write_through(&node, e, token, term.fence()) => {}
         }
         if rng.chance(0.05) {
-            break true;
+            if !rng.chance(0.5) {
+                break TermEnd::HandedOver;
+            }
+            let newer = tokio::select! {
+                biased;
+                _ = term.over() => break TermEnd::Over,
+                r = pool.try_campaign(&name, node.who().to_string()) => r,
+            };
+            match newer {
+                Ok(Some(newer)) => break TermEnd::ToNewer(newer),
+                _ => break TermEnd::HandedOver,
+            }
         }
     };
+    if let TermEnd::ToNewer(newer) = end {
+        let continues = newer.token() == token;
+        if !continues {
+            node.leader_end(&name, token, true);
+        }
+        // The belief carries on with the newer leadership; the candidate resigns the term's
+        // as this returns, which must leave the key to it.
+        if let Err(mpsc::error::SendError(h)) = handoff.send(Handoff { newer, continues }) {
+            if continues {
+                node.leader_end(&name, token, true);
+            }
+            let _ = h.newer.resign().await;
+        }
+        return;
+    }
     // A node that hands over stops believing before the candidate resigns (the delete may
     // apply long before its reply arrives, if ever); so does one whose term was declared
     // over before its deadline.
+    let handed_over = matches!(end, TermEnd::HandedOver);
     node.leader_end(&name, token, handed_over || term.loss().is_none());
     // Finishing the job in hand takes a while: up to half a TTL, longer than the default
     // grace (a quarter) now and then, so the candidate must cut it short.
     let ms = (ttl / 2).as_millis() as u64;
     tokio::time::sleep(Duration::from_millis(rng.between(0, ms))).await;
+}
+
+/// One act of a leader: a write of its token through `fence`, recorded with its outcome. A
+/// paused process decided to act, then stalls before acting: the act comes late, and only
+/// the fence stops it from doing harm. The write goes on in a task of its own: a leadership
+/// that is over cannot call back a request already sent, and the store judges it when it
+/// lands.
+fn write_through(node: &Node, e: usize, token: Revision, fence: Fence) -> JoinHandle<()> {
+    let writer = node.clone();
+    tokio::spawn(async move {
+        writer.unpaused().await;
+        let txn = TxnRequest::new().and_then([PutRequest::new(work_key(e), token.to_string())]);
+        let outcome = match fence.txn(txn).await {
+            Ok(r) if r.succeeded => Outcome::Accepted,
+            Ok(_) => Outcome::Unknown,
+            Err(Error::FencedOut { .. }) => Outcome::FencedOut,
+            Err(_) => Outcome::Unknown,
+        };
+        writer.record(Happening::FencedWrite {
+            who: writer.who(),
+            election: election_name(e),
+            token,
+            outcome,
+        });
+    })
 }

@@ -110,7 +110,7 @@ fn seeded_runs_of_the_default_scenario_hold_every_invariant() {
 
 /// Every seed that ever failed, outside the range the test above runs, replayed on every CI
 /// run so that a fixed bug stays fixed.
-const REGRESSION_SEEDS: [u64; 46] = [
+const REGRESSION_SEEDS: [u64; 47] = [
     // A stop during a heal returned Ok and left the key under an abandoned lease (L7).
     1266,
     // A campaign's withdrawal, retried until it landed, deleted the node's next leader key
@@ -147,6 +147,10 @@ const REGRESSION_SEEDS: [u64; 46] = [
     // before its key went, its reply up to 1.5 s late on a slow-replies link; S1, S3 and P3
     // allowed a reply only 0.8 s (the checkers' window, not the recipe, was wrong).
     10231, 13756, 16944, 18627, 19337,
+    // With the node's hand-over to a newer campaign of its own (new): that campaign, a try
+    // on the leading key whose write went unanswered, withdrew the shared key while the
+    // older leadership still stood (S9, W1).
+    3266,
 ];
 
 #[test]

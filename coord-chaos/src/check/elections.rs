@@ -1,6 +1,7 @@
 //! The invariants of elections, for any service whose nodes record their leaderships: S1
 //! (tokens grow; the fenced resource accepts only the current leader), S2 (one believer at a
-//! time), S3 (no phantom leadership), L5 (a leader exists after the heal), L6 (failover).
+//! time), S3 (no phantom leadership), S9 (no node deletes the key it believes it leads on),
+//! L5 (a leader exists after the heal), L6 (failover).
 
 use std::time::Duration;
 
@@ -270,6 +271,37 @@ pub(super) fn s3_no_phantom_leadership(run: &Run<'_>, out: &mut Vec<Violation>) 
             continue;
         }
         belief_ends_with_its_key(run, "S3", l, out);
+    }
+}
+
+/// S9: a node never deletes the key of a leadership it still believes in. Its resign (or
+/// any delete of its) lands only after its belief on that key ended: every leadership of a
+/// node in one election shares the node's key there, so a resign of an older one that
+/// deleted the key after a newer campaign rejoined it deposes the leadership the node
+/// handed over to.
+pub(super) fn s9_no_self_deposition(run: &Run<'_>, out: &mut Vec<Violation>) {
+    for d in &run.truth.deletions {
+        let Some(who) = run.truth.author(d.origin) else {
+            continue;
+        };
+        let believed = run.beliefs.leading.iter().find(|l| {
+            l.who == who
+                && l.token == d.create_revision
+                && d.key.starts_with(&prefix(&l.election))
+                && l.from <= d.at
+                && d.at < l.until
+        });
+        if let Some(l) = believed {
+            out.push(run.violation(
+                "S9",
+                d.at,
+                &[who],
+                format!(
+                    "election {}: its own delete of key {} (token {}) landed at revision {} while it believed it led on it",
+                    l.election, d.key, l.token, d.revision
+                ),
+            ));
+        }
     }
 }
 

@@ -37,7 +37,7 @@ use crate::scenario::Scenario;
 /// A broken invariant: which, when, who, and the events that show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
-    /// The invariant's id (`S1`...`S7`, `L1`...`L7` of coord's own; your invariant's name).
+    /// The invariant's id (`S1`...`S9`, `L1`...`L7` of coord's own; your invariant's name).
     pub invariant: String,
     /// When it was broken (simulated time from the start of the run).
     pub at: Duration,
@@ -269,14 +269,15 @@ fn named(name: &'static str, check: fn(&Run<'_>, &mut Vec<Violation>)) -> Box<dy
 }
 
 /// The invariants every run is held to, whatever the service: of elections (S1 tokens grow,
-/// S2 beliefs exclusive, S3 no phantom leadership, L5 a leader exists, L6 failover, W1 the
-/// work of two terms never overlaps), of leases (L3 a crashed node's leases end in time) and
-/// of consumers (C1).
+/// S2 beliefs exclusive, S3 no phantom leadership, S9 no self-deposition, L5 a leader
+/// exists, L6 failover, W1 the work of two terms never overlaps), of leases (L3 a crashed
+/// node's leases end in time) and of consumers (C1).
 pub fn generic() -> Vec<Box<dyn Invariant>> {
     vec![
         named("S1", elections::s1_tokens_grow),
         named("S2", elections::s2_belief_exclusivity),
         named("S3", elections::s3_no_phantom_leadership),
+        named("S9", elections::s9_no_self_deposition),
         named("L3", leases::l3_dead_host_expiry),
         named("L5", elections::l5_leader_exists),
         named("L6", elections::l6_failover),
