@@ -32,6 +32,8 @@ OPTIONS:
   --base-seed S      first seed (default 0); pick another to explore new schedules
   --seed S           replay seed S alone and print its timeline
   --svg FILE         with --seed: draw the timeline as an SVG picture
+  --failing FILE     write every failing seed to FILE, one a line with its first violation
+                     (the summary shows ten): a nightly run's list to triage
   --jobs N           threads (default: the machine's cores); for long runs (a nightly
                      --seeds 50000) give it every core
   --defaults         every timing at the library's defaults (TTL 10 s, renewals every
@@ -67,6 +69,7 @@ struct Args {
     base_seed: u64,
     seed: Option<u64>,
     svg: Option<String>,
+    failing: Option<String>,
     jobs: usize,
     bug: Option<String>,
     turmoil: bool,
@@ -82,6 +85,7 @@ fn parse() -> Result<Args, String> {
         base_seed: 0,
         seed: None,
         svg: None,
+        failing: None,
         jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
         bug: None,
         turmoil: false,
@@ -125,6 +129,7 @@ fn parse() -> Result<Args, String> {
             "--base-seed" => a.base_seed = num(&value)?,
             "--seed" => a.seed = Some(num(&value)?),
             "--svg" => a.svg = Some(value.clone()),
+            "--failing" => a.failing = Some(value.clone()),
             "--jobs" => a.jobs = num(&value)?.max(1) as usize,
             "--bug" => a.bug = Some(value.clone()),
             "--hosts" => s.hosts = num(&value)?.max(1) as usize,
@@ -158,7 +163,7 @@ fn parse() -> Result<Args, String> {
         }
         if !matches!(
             flag.as_str(),
-            "--seeds" | "--base-seed" | "--seed" | "--svg" | "--jobs"
+            "--seeds" | "--base-seed" | "--seed" | "--svg" | "--failing" | "--jobs"
         ) {
             a.flags.push(flag);
             a.flags.push(value);
@@ -296,6 +301,21 @@ fn many(args: &Args, runner: &Runner) -> ExitCode {
     let report = runner.run(args.base_seed..args.base_seed + args.seeds);
     println!();
     print!("{}", report.summary());
+    if let Some(path) = &args.failing {
+        let mut list = String::new();
+        for o in report.failed() {
+            let first = o
+                .violations
+                .first()
+                .map(|v| v.to_string())
+                .unwrap_or_default();
+            list.push_str(&format!("{} {first}\n", o.seed));
+        }
+        if let Err(e) = std::fs::write(path, list) {
+            eprintln!("--failing: cannot write {path}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     if report.failed().next().is_none() {
         ExitCode::SUCCESS
     } else {
