@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::future::poll_fn;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -212,8 +212,11 @@ struct CampaignSlot {
     turn: Arc<tokio::sync::Mutex<()>>,
     /// The pending withdrawal; the next campaign calls it off.
     withdrawal: Mutex<Option<Stop>>,
-    /// The number of the latest campaign to have taken its turn.
+    /// The number of the campaign the key is on behalf of: the latest to have taken its
+    /// turn, or an earlier leadership the key was left to.
     latest: watch::Sender<u64>,
+    /// The last number handed out: numbers are never reused, though `latest` can go back.
+    numbered: AtomicU64,
     /// The leaderships won on the key, by campaign number, each with its loss signal: one
     /// whose signal is unset (and not dropped) still stands.
     standing: Mutex<Vec<(u64, Weak<LossSignal>)>>,
@@ -225,6 +228,7 @@ impl Default for CampaignSlot {
             turn: Arc::default(),
             withdrawal: Mutex::default(),
             latest: watch::Sender::new(0),
+            numbered: AtomicU64::new(0),
             standing: Mutex::default(),
         }
     }
@@ -432,11 +436,8 @@ impl SessionHandle {
         let turn = slot.turn.clone().lock_owned().await;
         // A campaign that ended while we waited may have handed a withdrawal over since.
         slot.call_off_withdrawal();
-        let mut campaign = 0;
-        slot.latest.send_modify(|n| {
-            *n += 1;
-            campaign = *n;
-        });
+        let campaign = slot.numbered.fetch_add(1, Ordering::SeqCst) + 1;
+        slot.latest.send_replace(campaign);
         CampaignTurn { turn, campaign }
     }
 
