@@ -23,7 +23,7 @@
 //! identity, the history to record on), and the invariants the service promises. Record
 //! leaderships with [`Node::leader_start`] and [`Node::leader_end`] and the generic election
 //! invariants apply (one believer at a time, growing tokens, failover, a leader after the
-//! heal); declare the resource its leader writes with a [`FencedWrites`] and no deposed
+//! heal, no delete of a node's own landing on a key it still believes it leads on); declare the resource its leader writes with a [`FencedWrites`] and no deposed
 //! leader's write may land; add your own [`Invariant`]s over the store's commits and your
 //! nodes' [notes](Node::note). The crate's `job_scheduler` example is a complete one, with a
 //! planted bug the checkers catch.

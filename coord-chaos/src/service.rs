@@ -188,7 +188,8 @@ impl Node {
 
     /// Records that this node no longer believes it leads `election` (`resigned`: it gave the
     /// leadership up, rather than lost it). Record it before resigning: the delete may land
-    /// long before its reply comes back.
+    /// long before its reply comes back, and a delete of the node's own that lands while it
+    /// still believes breaks S9.
     pub fn leader_end(&self, election: &str, token: Revision, resigned: bool) {
         self.record(Happening::LeaderEnd {
             who: self.who(),
