@@ -253,7 +253,8 @@ impl CampaignSlot {
     /// earlier leadership of the session on the key still stands. When one stands (a newer
     /// campaign rejoined its key, then gave up or resigned), the key is left to it, and it is
     /// the latest again: its own resign deletes the key. The one place that rule lives: every
-    /// delete of the key on a campaign's behalf asks here, in the session's turn.
+    /// delete of the key on a campaign's behalf asks here, last in the session's turn just
+    /// before the delete (a withdrawal also asks when it is handed over, to spare a task).
     fn may_delete(&self, campaign: u64) -> bool {
         if !self.is_latest(campaign) {
             return false;
