@@ -17,9 +17,9 @@ use coord_api::recipes::{
     Fence, HostSession, LossReason, Mutex, MutexGuard, Permit, Semaphore, SessionHandle,
 };
 use coord_api::sync::Stop;
-use coord_api::{Error, PutRequest, Revision, TxnRequest};
+use coord_api::Revision;
 
-use crate::history::{Happening, Outcome};
+use crate::fenced_act::write_through;
 use crate::rng::Rng;
 use crate::service::Node;
 
@@ -245,27 +245,13 @@ async fn hold(
             _ = tokio::time::sleep_until(until) => return Held::LetGo,
             _ = tokio::time::sleep(ttl / 8) => {}
         }
-        // As a leader's work does (see `coord_node`): a paused process acts late, and only
-        // the fence stops it; the write is judged by the store whenever it lands.
-        let fence = guard.fence();
-        let writer = node.clone();
-        let key = what.work_key(node);
-        let write = tokio::spawn(async move {
-            writer.unpaused().await;
-            let txn = TxnRequest::new().and_then([PutRequest::new(key, token.to_string())]);
-            let outcome = match fence.txn(txn).await {
-                Ok(r) if r.succeeded => Outcome::Accepted,
-                Ok(_) => Outcome::Unknown,
-                Err(Error::FencedOut { .. }) => Outcome::FencedOut,
-                Err(_) => Outcome::Unknown,
-            };
-            writer.record(Happening::FencedWrite {
-                who: writer.who(),
-                election: what.name().to_owned(),
-                token,
-                outcome,
-            });
-        });
+        let write = write_through(
+            node,
+            what.work_key(node),
+            what.name().to_owned(),
+            token,
+            guard.fence(),
+        );
         // A stop does not wait for a write stuck behind a lost reply: the write goes on by
         // itself, and the store judges it by the fence.
         tokio::select! {

@@ -11,12 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use coord_api::recipes::{
-    Candidate, CandidateConfig, ClusterWatcher, ClusterWatcherConfig, ElectionPool, Fence,
+    Candidate, CandidateConfig, ClusterWatcher, ClusterWatcherConfig, ElectionPool,
     HostRegistration, HostSession, Leadership, RegistrationConfig, RegistrationStatus,
     SessionConfig, Term,
 };
 use coord_api::sync::{watch, Stop};
-use coord_api::{Error, PutRequest, Revision, TxnRequest};
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
@@ -27,7 +26,8 @@ use crate::check::{self, FencedWrites, Invariant, Permits};
 use crate::coord_locker::{
     locker, Shared, LOCK, LOCK_WORK_PREFIX, PERMITS, PERMIT_WORK_PREFIX, SEMAPHORE,
 };
-use crate::history::{Happening, Outcome, Part};
+use crate::fenced_act::write_through;
+use crate::history::{Happening, Part};
 use crate::keys::{election_name, host_key, metadata, work_key, HOSTS};
 use crate::rng::Rng;
 use crate::scenario::Scenario;
@@ -515,7 +515,7 @@ async fn hold(node: &Node, e: usize, h: Handoff, stop: &Stop, rng: &mut Rng) -> 
                 lost = true;
                 break;
             }
-            _ = write_through(node, e, token, newer.fence()) => {}
+            _ = write_through(node, work_key(e), name.clone(), token, newer.fence()) => {}
         }
     }
     node.leader_end(&name, token, !lost);
@@ -583,7 +583,7 @@ async fn lead(
         tokio::select! {
             biased;
             _ = term.over() => break TermEnd::Over,
-            _ = write_through(&node, e, token, term.fence()) => {}
+            _ = write_through(&node, work_key(e), name.clone(), token, term.fence()) => {}
         }
         if rng.chance(0.05) {
             if !rng.chance(0.5) {
@@ -624,29 +624,4 @@ async fn lead(
     // grace (a quarter) now and then, so the candidate must cut it short.
     let ms = (ttl / 2).as_millis() as u64;
     tokio::time::sleep(Duration::from_millis(rng.between(0, ms))).await;
-}
-
-/// One act of a leader: a write of its token through `fence`, recorded with its outcome. A
-/// paused process decided to act, then stalls before acting: the act comes late, and only
-/// the fence stops it from doing harm. The write goes on in a task of its own: a leadership
-/// that is over cannot call back a request already sent, and the store judges it when it
-/// lands.
-fn write_through(node: &Node, e: usize, token: Revision, fence: Fence) -> JoinHandle<()> {
-    let writer = node.clone();
-    tokio::spawn(async move {
-        writer.unpaused().await;
-        let txn = TxnRequest::new().and_then([PutRequest::new(work_key(e), token.to_string())]);
-        let outcome = match fence.txn(txn).await {
-            Ok(r) if r.succeeded => Outcome::Accepted,
-            Ok(_) => Outcome::Unknown,
-            Err(Error::FencedOut { .. }) => Outcome::FencedOut,
-            Err(_) => Outcome::Unknown,
-        };
-        writer.record(Happening::FencedWrite {
-            who: writer.who(),
-            election: election_name(e),
-            token,
-            outcome,
-        });
-    })
 }

@@ -90,6 +90,7 @@ mod coord_locker;
 mod coord_node;
 mod driver;
 mod fault;
+mod fenced_act;
 mod history;
 mod inprocess;
 mod keys;

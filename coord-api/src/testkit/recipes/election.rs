@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::recipes::{Election, LossReason};
+use crate::recipes::{Election, Leadership, LossReason};
 use crate::testkit::{eventually, within};
 use crate::{Error, KvLeaseStore, KvLeaseStoreExt, PutRequest, TxnRequest};
 use futures::StreamExt;
@@ -79,13 +79,8 @@ pub async fn no_phantom_leadership_when_the_candidates_lease_dies_while_waiting(
     ));
 }
 
-/// A campaign again on the same session rejoins the leader's key (`name/<lease>`, its
-/// create revision unchanged): the older leadership's resign after that leaves the key to the
-/// newer one, and the newer one's resign still deletes it. The same for a try.
-pub async fn a_resign_after_a_rejoin_leaves_the_newer_leadership_standing(fx: &dyn Fixture) {
-    let store = fx.store();
-    let a = session(fx, &store).await;
-    let e = Election::new(&a, "e");
+/// Two campaigns of one session in `e`, "one" then "two": the second rejoins the first's key.
+async fn rejoined(e: &Election) -> (Leadership, Leadership) {
     let first = e.campaign("one").await.unwrap();
     let second = e.campaign("two").await.unwrap();
     assert_eq!(
@@ -93,6 +88,17 @@ pub async fn a_resign_after_a_rejoin_leaves_the_newer_leadership_standing(fx: &d
         first.token(),
         "a re-campaign rejoins the key"
     );
+    (first, second)
+}
+
+/// A campaign again on the same session rejoins the leader's key (`name/<lease>`, its
+/// create revision unchanged): the older leadership's resign after that leaves the key to the
+/// newer one, and the newer one's resign still deletes it. The same for a try.
+pub async fn a_resign_after_a_rejoin_leaves_the_newer_leadership_standing(fx: &dyn Fixture) {
+    let store = fx.store();
+    let a = session(fx, &store).await;
+    let e = Election::new(&a, "e");
+    let (first, second) = rejoined(&e).await;
     first.resign().await.unwrap();
     let kv = e.leader().await.unwrap();
     assert_eq!(
@@ -122,13 +128,7 @@ pub async fn a_newer_campaign_that_resigns_leaves_the_key_to_the_older_leadershi
     let store = fx.store();
     let a = session(fx, &store).await;
     let e = Election::new(&a, "e");
-    let first = e.campaign("one").await.unwrap();
-    let second = e.campaign("two").await.unwrap();
-    assert_eq!(
-        second.token(),
-        first.token(),
-        "a re-campaign rejoins the key"
-    );
+    let (first, second) = rejoined(&e).await;
     second.resign().await.unwrap();
     let kv = e.leader().await.unwrap();
     assert_eq!(
