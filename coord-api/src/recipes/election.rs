@@ -706,7 +706,8 @@ impl Leadership {
     pub async fn resign(self) -> Result<()> {
         lose(&self.lost, &self.key.name, LossReason::Resigned);
         // In the session's turn for this election: never under a campaign's write of the same
-        // key, and never after a newer campaign took the key over.
+        // key, never after a newer campaign took the key over, never under an older
+        // leadership of the session that still stands on it.
         let planted = crate::planted::enabled(crate::planted::Bug::ResignIgnoresNewerCampaign);
         let Some(_turn) = (if planted {
             Some(None)
@@ -716,7 +717,7 @@ impl Leadership {
                 .await
                 .map(Some)
         }) else {
-            tracing::info!(election = %self.key.name, token = %self.key.token, "leadership resigned; a newer campaign of the session holds its key");
+            tracing::info!(election = %self.key.name, token = %self.key.token, "leadership resigned; the key stays with another campaign of the session");
             return Ok(());
         };
         self.store.resign(&self.key).await?;
