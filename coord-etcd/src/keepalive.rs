@@ -66,13 +66,7 @@ impl EtcdKeepAlive {
                 });
             }
         };
-        let sent = Instant::now();
-        let in_flight = InFlight {
-            pool: &self.pool,
-            endpoint,
-            sent,
-            done: false,
-        };
+        let in_flight = InFlight::sent(&self.pool, endpoint);
         let opened = client.lease_keep_alive(self.lease.0).await;
         in_flight.finish();
         match opened {
@@ -110,12 +104,7 @@ impl EtcdKeepAlive {
         // A renewal abandoned before its answer (the caller gave up waiting, as a session
         // does when the next renewal is due) may say the connection is dead without a reset:
         // replace it then, unless it answered anything meanwhile.
-        let in_flight = InFlight {
-            pool: &self.pool,
-            endpoint,
-            sent: Instant::now(),
-            done: false,
-        };
+        let in_flight = InFlight::sent(&self.pool, endpoint);
         if let Err(e) = keeper.keep_alive().await {
             in_flight.finish();
             return Err(self.closed(e));
@@ -156,7 +145,7 @@ impl KeepAlive for EtcdKeepAlive {
 }
 
 /// Replaces the connection of a renewal dropped before its answer came, if the connection
-/// answered nothing since (see [`EtcdKeepAlive::renew_once`]).
+/// answered nothing since (see [`EtcdKeepAlive::renew_once`] and [`Pool::unanswered`]).
 struct InFlight<'a> {
     pool: &'a Pool,
     endpoint: usize,
@@ -164,7 +153,18 @@ struct InFlight<'a> {
     done: bool,
 }
 
-impl InFlight<'_> {
+impl<'a> InFlight<'a> {
+    /// A renewal sent on `endpoint`'s connection just now.
+    fn sent(pool: &'a Pool, endpoint: usize) -> Self {
+        pool.asked(endpoint);
+        InFlight {
+            pool,
+            endpoint,
+            sent: Instant::now(),
+            done: false,
+        }
+    }
+
     fn finish(mut self) {
         self.done = true;
     }
@@ -173,8 +173,7 @@ impl InFlight<'_> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.pool
-                .reconnect_if_silent_since(self.endpoint, self.sent);
+            self.pool.unanswered(self.endpoint, self.sent);
         }
     }
 }

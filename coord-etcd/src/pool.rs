@@ -27,12 +27,21 @@ struct Endpoint {
     /// The connection, and the token that ends the streams opened on it when it is
     /// replaced.
     client: Mutex<Option<(Client, CancellationToken)>>,
-    /// When the current connection last answered anything (a reply, a keep-alive answer):
-    /// a connection that answered lately is slow, not dead, and is kept.
-    answered: Mutex<Option<Instant>>,
+    /// What the current connection was last asked and last answered.
+    activity: Mutex<Activity>,
     /// Makes the channel to connect over, when the caller supplies channels
     /// ([`EtcdStore::from_member_channels`](crate::EtcdStore::from_member_channels)) rather than endpoints.
     channel: Option<ChannelFactory>,
+}
+
+/// What a connection was asked and answered: how the pool tells a connection that is quiet
+/// from one that is dead. A connection that answered lately is slow, not dead, and is kept.
+#[derive(Debug, Default, Clone, Copy)]
+struct Activity {
+    /// When it last answered anything (a reply, a keep-alive answer, a watch event).
+    answered: Option<Instant>,
+    /// When the oldest request it has not answered anything since was sent.
+    awaiting: Option<Instant>,
 }
 
 /// Makes a new channel (a new connection) to one member.
@@ -63,7 +72,7 @@ impl Pool {
                 .map(|url| Endpoint {
                     url: url.clone(),
                     client: Mutex::new(None),
-                    answered: Mutex::new(None),
+                    activity: Mutex::default(),
                     channel: None,
                 })
                 .collect()
@@ -74,7 +83,7 @@ impl Pool {
                 .map(|(i, make)| Endpoint {
                     url: format!("channel {i}"),
                     client: Mutex::new(None),
-                    answered: Mutex::new(None),
+                    activity: Mutex::default(),
                     channel: Some(make),
                 })
                 .collect()
@@ -196,45 +205,73 @@ impl Pool {
     /// over and over, until HTTP/2 keep-alive finally notices it (10 s + 5 s by default).
     pub(crate) fn reconnect(&self, i: usize) {
         let ep = &self.endpoints[i];
-        *ep.answered.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *ep.activity.lock().unwrap_or_else(|p| p.into_inner()) = Activity::default();
         if let Some((_, streams)) = ep.client.lock().unwrap_or_else(|p| p.into_inner()).take() {
             tracing::debug!(endpoint = %ep.url, "no answer; reconnecting");
             streams.cancel();
         }
     }
 
+    fn activity(&self, i: usize) -> std::sync::MutexGuard<'_, Activity> {
+        self.endpoints[i]
+            .activity
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Notes that a request is being sent on endpoint `i`'s connection just now.
+    pub(crate) fn asked(&self, i: usize) {
+        self.activity(i).awaiting.get_or_insert_with(Instant::now);
+    }
+
     /// Notes that endpoint `i`'s connection answered something just now.
     pub(crate) fn answered(&self, i: usize) {
-        *self.endpoints[i]
-            .answered
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        let mut activity = self.activity(i);
+        activity.answered = Some(Instant::now());
+        activity.awaiting = None;
     }
 
     /// Whether endpoint `i`'s connection has answered nothing since `since`.
     fn silent_since(&self, i: usize, since: Instant) -> bool {
-        let last = *self.endpoints[i]
-            .answered
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        last.is_none_or(|at| at < since)
+        self.activity(i).answered.is_none_or(|at| at < since)
     }
 
-    /// Replaces endpoint `i`'s connection unless it answered anything since `since`: a
-    /// request abandoned on a connection that still answers others is slow, not dead.
-    pub(crate) fn reconnect_if_silent_since(&self, i: usize, since: Instant) {
-        if self.silent_since(i, since) {
-            self.reconnect(i);
+    /// A request sent at `sent` on endpoint `i` went unanswered past its bound. Unless the
+    /// connection answered anything since (then it is slow, not dead), it is replaced, and so
+    /// is every other connection that has waited on an answer since before `sent`: one
+    /// fault (a partition that outlived TCP) kills every connection that carried a byte
+    /// during it, and finding them dead one at a time, a request timeout each, outlasts a
+    /// lease. Returns whether endpoint `i` was replaced.
+    pub(crate) fn unanswered(&self, i: usize, sent: Instant) -> bool {
+        if !self.silent_since(i, sent) {
+            return false;
+        }
+        self.reconnect(i);
+        self.reconnect_waiting_since(i, sent);
+        true
+    }
+
+    /// Replaces every connection but endpoint `except`'s that has waited on an answer since
+    /// before `sent`.
+    fn reconnect_waiting_since(&self, except: usize, sent: Instant) {
+        for j in (0..self.endpoints.len()).filter(|&j| j != except) {
+            let waiting = self.activity(j).awaiting.is_some_and(|at| at <= sent);
+            if waiting {
+                tracing::debug!(
+                    endpoint = %self.endpoints[j].url,
+                    "waiting on an answer longer than a request given up on; reconnecting"
+                );
+                self.reconnect(j);
+            }
         }
     }
 
     /// Gives up on endpoint `i` after a request sent at `since` went unanswered past any
     /// live member's answer time: unless the connection answered anything since, it is
-    /// replaced and requests move to the next member (a stopped member answers nothing, yet
-    /// its connection stays open).
+    /// replaced (with the others [`unanswered`](Self::unanswered) replaces) and requests move
+    /// to the next member (a stopped member answers nothing, yet its connection stays open).
     pub(crate) fn abandon_if_silent_since(&self, i: usize, since: Instant) {
-        if self.silent_since(i, since) {
-            self.reconnect(i);
+        if self.unanswered(i, since) {
             self.fail_over(i);
         }
     }
@@ -322,25 +359,38 @@ impl Pool {
         let mut attempt = 0usize;
         loop {
             let idx = self.current();
+            let sent = Instant::now();
             let outcome = tokio::time::timeout_at(deadline, async {
                 let (client, streams) = self.connection_at(idx).await?;
+                self.asked(idx);
+                let replaced = streams.clone();
                 let connection = Connection {
                     endpoint: idx,
                     streams,
                 };
-                f(client, connection).await.map_err(|e| map(op, kind, e))
+                let request = f(client, connection);
+                // A read whose connection is replaced meanwhile (another request found it
+                // dead) goes again on the new one rather than wait out the request timeout
+                // on the old. A write may have been applied: its caller must be told.
+                tokio::select! {
+                    biased;
+                    r = request => r.map(Some).map_err(|e| map(op, kind, e)),
+                    _ = replaced.cancelled(), if kind == Kind::Read => Ok(None),
+                }
             })
             .await;
             let err = match outcome {
-                Ok(Ok(v)) => {
+                Ok(Ok(Some(v))) => {
                     self.answered(idx);
                     return Ok(v);
                 }
+                Ok(Ok(None)) => continue,
                 Ok(Err(e)) => e,
                 Err(_) => {
                     // A member that answers nothing within the request timeout (stopped,
                     // cut off) would hold the next request as long: move on.
                     self.reconnect(idx);
+                    self.reconnect_waiting_since(idx, sent);
                     self.fail_over(idx);
                     let source = format!("no answer within {:?}", self.request_timeout());
                     return Err(match kind {
@@ -391,16 +441,129 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
 mod tests {
     use super::*;
 
-    /// A pool of one member whose connection is never used: the requests below fail before
-    /// they reach it.
-    fn pool() -> Pool {
+    /// A pool of `members` members whose connections are never used: the requests below fail
+    /// before they reach them.
+    fn pool_of(members: usize) -> Pool {
         let lazy: ChannelFactory = Arc::new(|| {
             tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy()
         });
         Pool::new(
             EtcdConfig::new(["unused:1"]).with_request_timeout(Duration::from_secs(2)),
-            vec![lazy],
+            vec![lazy; members],
         )
+    }
+
+    fn pool() -> Pool {
+        pool_of(1)
+    }
+
+    /// Each endpoint's connection, opened now: its token says when it is replaced.
+    async fn connections(pool: &Pool) -> Vec<CancellationToken> {
+        let mut tokens = Vec::new();
+        for i in 0..pool.endpoints.len() {
+            tokens.push(pool.connection_at(i).await.unwrap().1);
+        }
+        tokens
+    }
+
+    fn replaced(tokens: &[CancellationToken]) -> Vec<bool> {
+        tokens.iter().map(|t| t.is_cancelled()).collect()
+    }
+
+    /// A request of `kind` whose first attempt never hears back, its connection replaced 100 ms
+    /// in: what it came to, after how long, and in how many attempts.
+    async fn replaced_under(kind: Kind) -> (Result<usize>, Duration, usize) {
+        let pool = Arc::new(pool());
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let start = Instant::now();
+        let request = {
+            let (pool, attempts) = (pool.clone(), attempts.clone());
+            tokio::spawn(async move {
+                pool.call("get", kind, b"k", move |_| {
+                    let n = attempts.fetch_add(1, Ordering::Relaxed);
+                    async move {
+                        if n == 0 {
+                            std::future::pending::<()>().await;
+                        }
+                        Ok(n)
+                    }
+                })
+                .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        pool.reconnect(0);
+        let result = request.await.unwrap();
+        (result, start.elapsed(), attempts.load(Ordering::Relaxed))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_whose_connection_is_replaced_goes_again_on_the_new_one() {
+        let (result, took, attempts) = replaced_under(Kind::Read).await;
+        assert_eq!(result.unwrap(), 1);
+        assert_eq!(attempts, 2);
+        assert_eq!(
+            took,
+            Duration::from_millis(100),
+            "at once, not at the timeout"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_whose_connection_is_replaced_is_not_sent_again() {
+        let (result, took, attempts) = replaced_under(Kind::Write).await;
+        assert!(
+            matches!(result, Err(Error::Indeterminate { .. })),
+            "{result:?}"
+        );
+        assert_eq!(attempts, 1);
+        assert_eq!(took, Duration::from_secs(2), "the request timeout");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_request_replaces_every_connection_waiting_on_an_older_one() {
+        let pool = pool_of(3);
+        let tokens = connections(&pool).await;
+        // Endpoint 0 waits on a request sent before the one given up on endpoint 1; endpoint
+        // 2 on one sent after it (it has not waited as long: it may be fine).
+        pool.asked(0);
+        tokio::time::advance(Duration::from_millis(300)).await;
+        let sent = Instant::now();
+        pool.asked(1);
+        tokio::time::advance(Duration::from_millis(300)).await;
+        pool.asked(2);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(pool.unanswered(1, sent));
+        assert_eq!(replaced(&tokens), [true, true, false]);
+        // Endpoint 0's replacement starts afresh, awaiting nothing; endpoint 2 has now waited
+        // longer than a request sent now.
+        let tokens = connections(&pool).await;
+        assert!(pool.unanswered(1, Instant::now()));
+        assert_eq!(replaced(&tokens), [false, true, true]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_answered_since_is_slow_not_dead() {
+        let pool = pool_of(2);
+        let tokens = connections(&pool).await;
+        pool.asked(0);
+        let sent = Instant::now();
+        pool.asked(1);
+        tokio::time::advance(Duration::from_millis(500)).await;
+        // Endpoint 1 answered another request after this one was sent: it is slow, so neither
+        // it nor endpoint 0 (which waits longer) is given up on.
+        pool.answered(1);
+        tokio::time::advance(Duration::from_millis(500)).await;
+        assert!(!pool.unanswered(1, sent));
+        assert_eq!(replaced(&tokens), [false, false]);
+        // An answer on endpoint 0 ends its wait: an older request of its own, since answered
+        // around, says nothing about it.
+        pool.answered(0);
+        let later = Instant::now();
+        pool.asked(1);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(pool.unanswered(1, later));
+        assert_eq!(replaced(&tokens), [false, true]);
     }
 
     /// The gaps between the attempts of a read, about `about`, that fails every time with

@@ -98,6 +98,7 @@ pub(crate) async fn open(pool: &Arc<Pool>, req: WatchRequest) -> Result<WatchStr
                             break;
                         }
                         asked.since.get_or_insert_with(Instant::now);
+                        asked.pool.asked(asked.endpoint);
                         continue;
                     }
                     m = stream.message() => m,
@@ -105,6 +106,7 @@ pub(crate) async fn open(pool: &Arc<Pool>, req: WatchRequest) -> Result<WatchStr
             };
             match msg {
                 Ok(Some(resp)) => {
+                    asked.pool.answered(asked.endpoint);
                     if resp.canceled() {
                         if resp.compact_revision() > 0 {
                             yield Err(Error::Compacted { requested, compact_revision: Revision(resp.compact_revision()) });
