@@ -13,7 +13,7 @@
 //! * A renewal not answered by the time the next one is due is abandoned and sent again on a
 //!   fresh channel: the session, not the backend's request timeout, decides how long an
 //!   answer may take, so one lost reply costs one period and the deadline still holds with a
-//!   period to spare, whatever the backend's timeouts.
+//!   period to spare, whatever the backend's timeouts. Opening a channel is bounded alike.
 //! * A grant whose reply took longer than a renewal period (a stalled etcd, a slow disk) is
 //!   followed at once by a renewal, before [`Session::new`] returns: a new session always has
 //!   at least TTL − KA left on its deadline.
@@ -910,11 +910,29 @@ impl Renewer {
         let deadline = self.deadline;
         let deadline_counts = bounded && !ignores_deadline();
         if self.channel.is_none() {
-            now = None;
-            timer.as_mut().reset(deadline);
+            // Opening sends a renewal (etcd's stream opens with one), and gets a renewal's
+            // time: one opened on a connection that died without a reset would otherwise hold
+            // the session to its deadline, or to the backend's request timeout.
+            let opening = now.take().unwrap_or_else(clock::now);
+            let open_by = if deadline_counts {
+                (opening + self.every).min(deadline)
+            } else {
+                opening + self.every
+            };
+            timer.as_mut().reset(open_by);
             let opened = tokio::select! {
                 biased;
-                _ = timer.as_mut(), if deadline_counts => return self.expired("opening a channel"),
+                _ = timer.as_mut() => {
+                    if deadline_counts && Instant::now() >= deadline {
+                        return self.expired("opening a channel");
+                    }
+                    tracing::debug!(waited_ms = self.every.as_millis() as u64, "keep-alive channel not opened in time; abandoned");
+                    return Attempt::Failed(Error::Unavailable {
+                        backend: self.inner.store.backend(),
+                        operation: "keep-alive",
+                        source: format!("no channel opened within {:?}", open_by - opening).into(),
+                    });
+                }
                 c = self.inner.store.keep_alive(self.inner.lease) => c,
             };
             match opened {
