@@ -129,12 +129,17 @@ impl Seen {
 
 /// A watcher on `store`, its events collected and its views and events witnessed.
 async fn observe(store: &Arc<DynKvLeaseStore>, witness: &Witness) -> Seen {
+    observe_as("watcher", store, witness).await
+}
+
+/// As [`observe`], the watcher witnessed as `who`.
+async fn observe_as(who: &str, store: &Arc<DynKvLeaseStore>, witness: &Witness) -> Seen {
     let watcher = ClusterWatcher::start(store.clone(), ClusterWatcherConfig::new("hosts/"))
         .await
         .unwrap();
     let seen = Seen::default();
     let log = seen.clone();
-    witness.follow("watcher", watcher, move |h| {
+    witness.follow(who, watcher, move |h| {
         if let Happening::Emitted(_, e) = h {
             log.0.lock().unwrap().push((Instant::now(), e.clone()));
         }
@@ -557,6 +562,73 @@ async fn a_partition_longer_than_the_ttl_expires_then_heals() {
         "measured: partition of {:?}: HostDown {down:?} after the cut (bound {down_bound:?}), q leads {failover:?} after; HostUp {up:?} after the heal (bound {up_bound:?})",
         TTL * 2
     );
+}
+
+/// A middlebox forgets every connection of p's client at once, twice: they stay open and carry
+/// nothing, either way (a partition that outlived TCP's retransmissions). Only timeouts tell,
+/// and the client, at the library's default timeouts, must replace them before its sessions'
+/// deadlines: no HostDown for p, no leader change, and the watcher on p's client sees a host
+/// that registers afterwards. The client has two endpoints (the one member, through proxies of
+/// its own) so that it can fail over, and after the first wave holds connections to both: the
+/// second finds them dead together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_die_without_a_reset_are_replaced_within_the_ttl() {
+    let (cluster, store, witness) = single().await;
+    let seen = observe(&store, &witness).await;
+    let target = cluster.endpoint(0).parse().expect("a socket address");
+    let proxies = [
+        TcpProxy::start(target).await.expect("a proxy"),
+        TcpProxy::start(target).await.expect("a proxy"),
+    ];
+    let config =
+        EtcdConfig::new(proxies.iter().map(|p| p.endpoint())).with_limits(cluster.limits());
+    let client: Arc<DynKvLeaseStore> = Arc::new(
+        EtcdStore::connect(config)
+            .await
+            .expect("connect through the proxies"),
+    );
+    let reg = HostRegistration::start(client.clone(), register("p"))
+        .await
+        .unwrap();
+    let seen_by_p = observe_as("p's watcher", &client, &witness).await;
+    let leaders = Leaders::new(&witness);
+    let _p = leaders.candidate(client.clone(), "p");
+    eventually(SLACK * 3, "p to lead", || async {
+        leaders.current().is_some()
+    })
+    .await;
+    let _q = leaders.candidate(store.clone(), "q");
+    let before = leaders.current();
+    for wave in 1..=2 {
+        for proxy in &proxies {
+            proxy.freeze_connections();
+        }
+        tokio::time::sleep(TTL + SLACK).await;
+        assert!(seen.downs("p").is_empty(), "HostDown for p in wave {wave}");
+        assert_eq!(
+            leaders.current(),
+            before,
+            "the leader changed in wave {wave}"
+        );
+        assert!(
+            matches!(reg.status(), RegistrationStatus::Registered { .. }),
+            "p unregistered in wave {wave}: {:?}",
+            reg.status()
+        );
+    }
+    let after = HostRegistration::start(store.clone(), register("after"))
+        .await
+        .unwrap();
+    eventually(
+        TTL + SLACK,
+        "the watcher on p's client to see a new host",
+        || async { !seen_by_p.ups("after").is_empty() },
+    )
+    .await;
+    drop(after);
+    leaders.assert_exclusive();
+    witness.check().await;
+    println!("measured: every connection of p's client frozen, twice, {:?} apart: no HostDown, no leader change, its watcher current", TTL + SLACK);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,7 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::proxy::{relay, ProxyMode, State};
+use super::proxy::{relay, State};
 
 /// Which member is cut off, shared by every peer proxy of one cluster.
 #[derive(Debug, Clone)]
@@ -124,10 +124,7 @@ async fn forward(
     let mut outbound = TcpStream::connect(target).await?;
     outbound.write_all(&head).await?;
     // The relay's own modes never change here; the connection ends when it is judged cut.
-    let (_pass, modes) = watch::channel(State {
-        mode: ProxyMode::Pass,
-        generation: 0,
-    });
+    let (_pass, modes) = watch::channel(State::pass());
     let judged_cut = async {
         while changes.changed().await.is_ok() {
             if !isolation.allows(from, to) {

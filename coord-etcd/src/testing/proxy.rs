@@ -32,12 +32,33 @@ pub struct TcpProxy {
     task: JoinHandle<()>,
 }
 
-/// The proxy's mode, and a generation that every open connection was born in: bumping it
-/// closes them, whatever the mode is by the time they look.
+/// The proxy's mode, and the generation every connection is born in: connections born
+/// before `cut_before` are closed, and those born before `frozen_before` forward nothing ever
+/// again, whatever the mode is by the time they look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct State {
     pub(super) mode: ProxyMode,
     pub(super) generation: u64,
+    pub(super) cut_before: u64,
+    pub(super) frozen_before: u64,
+}
+
+impl State {
+    /// Forwarding everything, on connections born from now on.
+    pub(super) fn pass() -> Self {
+        State {
+            mode: ProxyMode::Pass,
+            generation: 0,
+            cut_before: 0,
+            frozen_before: 0,
+        }
+    }
+
+    /// Starts a new generation: the connections open now are born in an older one.
+    fn next_generation(&mut self) -> u64 {
+        self.generation += 1;
+        self.generation
+    }
 }
 
 impl TcpProxy {
@@ -45,10 +66,7 @@ impl TcpProxy {
     pub async fn start(target: SocketAddr) -> std::io::Result<Self> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let (mode, modes) = watch::channel(State {
-            mode: ProxyMode::Pass,
-            generation: 0,
-        });
+        let (mode, modes) = watch::channel(State::pass());
         let task = tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
                 if modes.borrow().mode == ProxyMode::Reset {
@@ -76,7 +94,7 @@ impl TcpProxy {
     pub fn set_mode(&self, mode: ProxyMode) {
         self.mode.send_modify(|s| {
             if mode == ProxyMode::Reset {
-                s.generation += 1;
+                s.cut_before = s.next_generation();
             }
             s.mode = mode;
         });
@@ -85,7 +103,16 @@ impl TcpProxy {
     /// Closes every open connection (so every stream on them ends) and keeps accepting new
     /// ones: what a client sees when its etcd member restarts or a middlebox drops it.
     pub fn close_connections(&self) {
-        self.mode.send_modify(|s| s.generation += 1);
+        self.mode
+            .send_modify(|s| s.cut_before = s.next_generation());
+    }
+
+    /// Freezes every open connection for good, either way, without closing it, and keeps
+    /// forwarding new ones: a partition that outlived TCP's retransmissions, or a middlebox
+    /// that forgot its connections and drops their packets. Only a timeout notices.
+    pub fn freeze_connections(&self) {
+        self.mode
+            .send_modify(|s| s.frozen_before = s.next_generation());
     }
 
     /// Drops all traffic silently.
@@ -117,7 +144,8 @@ impl Drop for TcpProxy {
     }
 }
 
-/// Relays between `a` and `b` until either ends, or the generation moves past `born`.
+/// Relays between `a` and `b` until either ends, or connections born in generation `born`
+/// are cut.
 pub(super) async fn relay(a: TcpStream, b: TcpStream, modes: watch::Receiver<State>, born: u64) {
     let (ar, aw) = a.into_split();
     let (br, bw) = b.into_split();
@@ -134,7 +162,7 @@ pub(super) async fn relay(a: TcpStream, b: TcpStream, modes: watch::Receiver<Sta
 enum Ended {
     /// The sender closed its side: what is queued is still delivered.
     Eof,
-    /// A reset, an error, or a new generation: the connection dies at once.
+    /// A reset, an error, or its generation cut: the connection dies at once.
     Cut,
 }
 
@@ -158,15 +186,18 @@ async fn pump(
                     Ok(n) => n,
                 },
                 changed = modes.changed() => {
-                    if changed.is_err() || modes.borrow().generation != born {
+                    if changed.is_err() || born < modes.borrow().cut_before {
                         return Ended::Cut;
                     }
                     continue;
                 }
             };
             let state = *modes.borrow();
-            if state.generation != born {
+            if born < state.cut_before {
                 return Ended::Cut;
+            }
+            if born < state.frozen_before {
+                continue;
             }
             let due = match state.mode {
                 ProxyMode::Pass => tokio::time::Instant::now(),
