@@ -53,7 +53,9 @@ impl Sink {
         let now = coord_api::sync::clock::now();
         let at = now + self.latency + self.link.reply_latency();
         let at = self.last.map_or(at, |last| last.max(at));
-        if at <= now {
+        // Straight into the mailbox only when nothing sent before may still be on its way:
+        // one due at `now` itself may not have landed yet, and must not be overtaken.
+        if at <= now && !self.in_flight(now) {
             return self.tx.send(item);
         }
         self.last = Some(at);
@@ -682,5 +684,39 @@ impl KvLeaseStore for SimStore {
 impl From<SimStore> for Arc<DynKvLeaseStore> {
     fn from(store: SimStore) -> Self {
         Arc::new(store)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A delivery sent at the very instant an earlier, slowed one is due must not go straight
+    /// into the mailbox: the earlier one may not have landed yet (the landing task runs at that
+    /// instant too, before or after the sender). Under turmoil, where everything happens on
+    /// 10 ms steps, a watcher saw revision 505 before 493 that way.
+    #[tokio::test(start_paused = true)]
+    async fn a_delivery_sent_as_an_earlier_one_is_due_waits_behind_it() {
+        let (tx, mail) = mailbox();
+        let link = Arc::new(Link::new(1));
+        let mut sink = Sink {
+            tx,
+            link: link.clone(),
+            latency: Duration::ZERO,
+            last: None,
+        };
+        let arrivals = Arrivals::default();
+        let response = |r: i64| Ok(WatchResponse::progress_answer(Revision(r)));
+        link.set_reply_latency(Duration::from_millis(500));
+        assert!(sink.send(&arrivals, response(1)));
+        link.set_reply_latency(Duration::ZERO);
+        tokio::time::advance(Duration::from_millis(500)).await;
+        // The first is due now and, with no landing task here, has not landed.
+        assert!(sink.send(&arrivals, response(2)));
+        assert!(mail.is_empty(), "the second overtook the first");
+        // Once nothing is on its way, a delivery with no latency goes straight in.
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(sink.send(&arrivals, response(3)));
+        assert!(!mail.is_empty());
     }
 }
