@@ -631,6 +631,75 @@ async fn connections_that_die_without_a_reset_are_replaced_within_the_ttl() {
     println!("measured: every connection of p's client frozen, twice, {:?} apart: no HostDown, no leader change, its watcher current", TTL + SLACK);
 }
 
+/// An observer of an election on a client that does nothing else (no session renews on it, so
+/// no request of its own would find the connection dead) has its connection frozen while the
+/// watch on the leader's key is quiet. The leader's key is then deleted: the observer must
+/// report the next leader within the probe of quiet connections (1 s quiet, 1 s to answer,
+/// then a re-read), well before HTTP/2 keep-alive's 15 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_watch_on_a_dead_connection_is_found_out() {
+    use futures::StreamExt;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init(); // DEBUG
+
+    let (cluster, store, witness) = single().await;
+    let target = cluster.endpoint(0).parse().expect("a socket address");
+    let proxy = TcpProxy::start(target).await.expect("a proxy");
+    let config = EtcdConfig::new([proxy.endpoint()]).with_limits(cluster.limits());
+    let observing: Arc<DynKvLeaseStore> = Arc::new(
+        EtcdStore::connect(config)
+            .await
+            .expect("connect through the proxy"),
+    );
+    let leaders = Leaders::new(&witness);
+    let _p = leaders.candidate(store.clone(), "p");
+    eventually(SLACK * 3, "p to lead", || async {
+        leaders.current().is_some()
+    })
+    .await;
+    let _q = leaders.candidate(store.clone(), "q");
+    // Observed from a task of its own, so that the watch on p's key opens at once.
+    let (tx, mut observed) = tokio::sync::mpsc::unbounded_channel();
+    let mut leaders_seen = observing.observe("jobs").await.unwrap();
+    let _observer = tokio::spawn(async move {
+        while let Some(Ok(kv)) = leaders_seen.next().await {
+            let _ = tx.send(kv.value);
+        }
+    });
+    let first = within(SLACK, "the first leader observed", observed.recv()).await;
+    assert_eq!(first.as_deref(), Some(&b"p"[..]));
+    // The watch opens and goes quiet; then the connection dies under it.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.freeze_connections();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // An operator deletes p's key: p steps down, q (waiting on that key) leads.
+    let candidates = store.get_prefix("jobs/").await.unwrap().kvs;
+    let p_key = candidates
+        .iter()
+        .min_by_key(|kv| kv.create_revision)
+        .expect("p's key")
+        .key
+        .clone();
+    store
+        .delete(DeleteRequest::key(p_key.to_vec()))
+        .await
+        .unwrap();
+    let gone = Instant::now();
+    // The probe's 1 s of quiet (counted from before the delete) and 1 s to answer, a
+    // re-read: slack for a loaded machine on top.
+    let bound = Duration::from_secs(2) + SLACK;
+    within(bound, "the observer to report q", async {
+        while observed.recv().await.as_deref() != Some(&b"q"[..]) {}
+    })
+    .await;
+    let took = gone.elapsed();
+    leaders.assert_exclusive();
+    witness.check().await;
+    println!("measured: q observed {took:?} after p's key was deleted, through a connection frozen 0.3 s before (bound {bound:?})");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compaction_storm_loses_no_net_change() {
     let (cluster, store, witness) = single().await;

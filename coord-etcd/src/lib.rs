@@ -25,6 +25,7 @@ mod config;
 mod convert;
 mod error;
 mod keepalive;
+mod liveness;
 mod pool;
 mod store;
 mod watch;

@@ -4,7 +4,7 @@
 //! go through it.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -29,6 +29,9 @@ struct Endpoint {
     client: Mutex<Option<(Client, CancellationToken)>>,
     /// What the current connection was last asked and last answered.
     activity: Mutex<Activity>,
+    /// How many watch streams are open on this endpoint: a connection that carries one waits
+    /// on the server to speak, so only a probe can tell it died (see `crate::liveness`).
+    watches: AtomicUsize,
     /// Makes the channel to connect over, when the caller supplies channels
     /// ([`EtcdStore::from_member_channels`](crate::EtcdStore::from_member_channels)) rather than endpoints.
     channel: Option<ChannelFactory>,
@@ -38,7 +41,8 @@ struct Endpoint {
 /// from one that is dead. A connection that answered lately is slow, not dead, and is kept.
 #[derive(Debug, Default, Clone, Copy)]
 struct Activity {
-    /// When it last answered anything (a reply, a keep-alive answer, a watch event).
+    /// When it last answered anything of ours (a reply, a keep-alive answer, a progress
+    /// answer; not a watch event, which proves only the way back).
     answered: Option<Instant>,
     /// When the oldest request it has not answered anything since was sent.
     awaiting: Option<Instant>,
@@ -59,6 +63,22 @@ pub(crate) struct Pool {
     /// The endpoint requests go to until it fails.
     current: AtomicUsize,
     config: EtcdConfig,
+    /// Whether the task that probes quiet connections carrying watches runs.
+    liveness: AtomicBool,
+}
+
+/// A watch stream open on an endpoint, counted there until it is dropped.
+pub(crate) struct Watching {
+    pool: Arc<Pool>,
+    endpoint: usize,
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.pool.endpoints[self.endpoint]
+            .watches
+            .fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Pool {
@@ -73,6 +93,7 @@ impl Pool {
                     url: url.clone(),
                     client: Mutex::new(None),
                     activity: Mutex::default(),
+                    watches: AtomicUsize::new(0),
                     channel: None,
                 })
                 .collect()
@@ -84,6 +105,7 @@ impl Pool {
                     url: format!("channel {i}"),
                     client: Mutex::new(None),
                     activity: Mutex::default(),
+                    watches: AtomicUsize::new(0),
                     channel: Some(make),
                 })
                 .collect()
@@ -92,7 +114,39 @@ impl Pool {
             endpoints,
             current: AtomicUsize::new(0),
             config,
+            liveness: AtomicBool::new(false),
         }
+    }
+
+    /// Counts a watch stream opened on endpoint `i` until the returned guard is dropped, and
+    /// starts the probe of quiet watched connections (`crate::liveness`) on the first.
+    pub(crate) fn watching(self: &Arc<Self>, i: usize) -> Watching {
+        self.endpoints[i].watches.fetch_add(1, Ordering::Relaxed);
+        if !self.liveness.swap(true, Ordering::Relaxed) {
+            tokio::spawn(crate::liveness::probe_quiet_watches(Arc::downgrade(self)));
+        }
+        Watching {
+            pool: self.clone(),
+            endpoint: i,
+        }
+    }
+
+    /// How many endpoints the pool has.
+    pub(crate) fn len(&self) -> usize {
+        self.endpoints.len()
+    }
+
+    /// Endpoint `i`'s connection, if something waits on it (a watch stream, a request) and it
+    /// has answered nothing since `since`.
+    pub(crate) fn quiet_and_waited_on(&self, i: usize, since: Instant) -> Option<Client> {
+        let ep = &self.endpoints[i];
+        let waited_on =
+            ep.watches.load(Ordering::Relaxed) > 0 || self.activity(i).awaiting.is_some();
+        if !waited_on || !self.silent_since(i, since) {
+            return None;
+        }
+        let client = ep.client.lock().unwrap_or_else(|p| p.into_inner());
+        client.as_ref().map(|(c, _)| c.clone())
     }
 
     /// The members' endpoints, in order.

@@ -75,12 +75,14 @@ pub(crate) async fn open(pool: &Arc<Pool>, req: WatchRequest) -> Result<WatchStr
         endpoint: connection.endpoint,
         since: None,
     };
+    let watching = pool.watching(connection.endpoint);
     let requested = req.start_revision.unwrap_or(Revision::ZERO);
     let mut pending = first.filter(|r| !r.created() || r.canceled());
     let out = async_stream::stream! {
         // Owned by the stream (a closure would capture only the fields it reads), so that it
         // drops with it.
         let mut asked = asked;
+        let _watching = watching;
         loop {
             let msg = match pending.take() {
                 Some(m) => Ok(Some(m)),
@@ -106,7 +108,6 @@ pub(crate) async fn open(pool: &Arc<Pool>, req: WatchRequest) -> Result<WatchStr
             };
             match msg {
                 Ok(Some(resp)) => {
-                    asked.pool.answered(asked.endpoint);
                     if resp.canceled() {
                         if resp.compact_revision() > 0 {
                             yield Err(Error::Compacted { requested, compact_revision: Revision(resp.compact_revision()) });
@@ -123,6 +124,10 @@ pub(crate) async fn open(pool: &Arc<Pool>, req: WatchRequest) -> Result<WatchStr
                     // etcd 3.4 answers a progress request with watch id -1 (it belongs to no
                     // one watch of the gRPC stream, and this stream carries only ours).
                     if resp.watch_id() == -1 {
+                        // An answer to our request: the connection carries both ways. (An
+                        // event proves only the way back: a connection that lost a request's
+                        // bytes on the way out may still bring events in.)
+                        asked.pool.answered(asked.endpoint);
                         asked.since = None;
                         yield Ok(WatchResponse::progress_answer(revision));
                         continue;
