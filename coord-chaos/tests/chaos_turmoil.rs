@@ -37,11 +37,14 @@ fn seeded_turmoil_runs_hold_every_invariant() {
     // isolation, landed 170 ms after the registration's stop had deleted the key); 125 (L1, by
     // 5 ms, at c30d08d, not since); 2847 (L2: a partition of 0.67 s left two of a node's
     // connections dead without a reset; the pool found them dead one at a time, a renewal
-    // period each, and the keep-alive's re-open waited on the second until the deadline).
+    // period each, and the keep-alive's re-open waited on the second until the deadline); 221
+    // (S4: the simulator let a watch delivery overtake one due at the same instant); 511 (L5: a
+    // candidate's watch sat 14.5 s on a connection dead without a reset that nothing else
+    // asked anything).
     Runner::new(CoordService)
         .turmoil(true)
         .replay_with(replay(""))
-        .run((0..seeds()).chain([39, 125, 1066, 1141, 2847]))
+        .run((0..seeds()).chain([39, 125, 221, 511, 1066, 1141, 2847]))
         .assert_clean();
 }
 
