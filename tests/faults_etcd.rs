@@ -59,6 +59,24 @@ async fn proxied(cluster: &EtcdCluster, i: usize) -> (Arc<DynKvLeaseStore>, TcpP
     (store, proxy)
 }
 
+/// A client of member 0 at the library's default timeouts, through `n` proxies of its own
+/// (each an endpoint of the client's, so that it can fail over among them).
+async fn through_proxies(cluster: &EtcdCluster, n: usize) -> (Arc<DynKvLeaseStore>, Vec<TcpProxy>) {
+    let target = cluster.endpoint(0).parse().expect("a socket address");
+    let mut proxies = Vec::new();
+    for _ in 0..n {
+        proxies.push(TcpProxy::start(target).await.expect("a proxy"));
+    }
+    let config =
+        EtcdConfig::new(proxies.iter().map(|p| p.endpoint())).with_limits(cluster.limits());
+    let store: Arc<DynKvLeaseStore> = Arc::new(
+        EtcdStore::connect(config)
+            .await
+            .expect("connect through the proxies"),
+    );
+    (store, proxies)
+}
+
 fn register(host: &str) -> RegistrationConfig {
     RegistrationConfig::new(format!("hosts/{host}"), host.to_owned())
         .with_ttl(TTL)
@@ -575,18 +593,7 @@ async fn a_partition_longer_than_the_ttl_expires_then_heals() {
 async fn connections_that_die_without_a_reset_are_replaced_within_the_ttl() {
     let (cluster, store, witness) = single().await;
     let seen = observe(&store, &witness).await;
-    let target = cluster.endpoint(0).parse().expect("a socket address");
-    let proxies = [
-        TcpProxy::start(target).await.expect("a proxy"),
-        TcpProxy::start(target).await.expect("a proxy"),
-    ];
-    let config =
-        EtcdConfig::new(proxies.iter().map(|p| p.endpoint())).with_limits(cluster.limits());
-    let client: Arc<DynKvLeaseStore> = Arc::new(
-        EtcdStore::connect(config)
-            .await
-            .expect("connect through the proxies"),
-    );
+    let (client, proxies) = through_proxies(&cluster, 2).await;
     let reg = HostRegistration::start(client.clone(), register("p"))
         .await
         .unwrap();
@@ -645,14 +652,7 @@ async fn a_quiet_watch_on_a_dead_connection_is_found_out() {
         .try_init(); // DEBUG
 
     let (cluster, store, witness) = single().await;
-    let target = cluster.endpoint(0).parse().expect("a socket address");
-    let proxy = TcpProxy::start(target).await.expect("a proxy");
-    let config = EtcdConfig::new([proxy.endpoint()]).with_limits(cluster.limits());
-    let observing: Arc<DynKvLeaseStore> = Arc::new(
-        EtcdStore::connect(config)
-            .await
-            .expect("connect through the proxy"),
-    );
+    let (observing, proxies) = through_proxies(&cluster, 1).await;
     let leaders = Leaders::new(&witness);
     let _p = leaders.candidate(store.clone(), "p");
     eventually(SLACK * 3, "p to lead", || async {
@@ -672,7 +672,7 @@ async fn a_quiet_watch_on_a_dead_connection_is_found_out() {
     assert_eq!(first.as_deref(), Some(&b"p"[..]));
     // The watch opens and goes quiet; then the connection dies under it.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    proxy.freeze_connections();
+    proxies[0].freeze_connections();
     tokio::time::sleep(Duration::from_millis(300)).await;
     // An operator deletes p's key: p steps down, q (waiting on that key) leads.
     let candidates = store.get_prefix("jobs/").await.unwrap().kvs;
