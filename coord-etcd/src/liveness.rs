@@ -17,18 +17,19 @@ use tokio::time::Instant;
 
 use crate::pool::Pool;
 
-/// How long a watched connection may answer nothing before it is asked.
-pub(crate) const QUIET: Duration = Duration::from_secs(1);
+/// How long a connection that something waits on may answer nothing before it is asked.
+const QUIET: Duration = Duration::from_secs(1);
 
 /// How long a member has to answer a status request: it answers from its own state, without
 /// raft, in milliseconds when it is alive.
-pub(crate) const ANSWER_BY: Duration = Duration::from_secs(1);
+const ANSWER_BY: Duration = Duration::from_secs(1);
 
 /// How often the pool's connections are looked at.
 const EVERY: Duration = Duration::from_millis(250);
 
-/// Runs until the pool is dropped; see the module docs.
-pub(crate) async fn probe_quiet_watches(pool: Weak<Pool>) {
+/// Runs until the pool is dropped, from the pool's first watch (before that, every request
+/// is bounded by its own timeout); see the module docs.
+pub(crate) async fn probe_quiet_connections(pool: Weak<Pool>) {
     let mut tick = tokio::time::interval(EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -63,7 +63,7 @@ pub(crate) struct Pool {
     /// The endpoint requests go to until it fails.
     current: AtomicUsize,
     config: EtcdConfig,
-    /// Whether the task that probes quiet connections carrying watches runs.
+    /// Whether the task that probes quiet connections (`crate::liveness`) runs.
     liveness: AtomicBool,
 }
 
@@ -119,11 +119,13 @@ impl Pool {
     }
 
     /// Counts a watch stream opened on endpoint `i` until the returned guard is dropped, and
-    /// starts the probe of quiet watched connections (`crate::liveness`) on the first.
+    /// starts the probe of quiet connections (`crate::liveness`) on the first.
     pub(crate) fn watching(self: &Arc<Self>, i: usize) -> Watching {
         self.endpoints[i].watches.fetch_add(1, Ordering::Relaxed);
         if !self.liveness.swap(true, Ordering::Relaxed) {
-            tokio::spawn(crate::liveness::probe_quiet_watches(Arc::downgrade(self)));
+            tokio::spawn(crate::liveness::probe_quiet_connections(Arc::downgrade(
+                self,
+            )));
         }
         Watching {
             pool: self.clone(),
