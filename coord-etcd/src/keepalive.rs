@@ -68,16 +68,16 @@ impl EtcdKeepAlive {
         };
         let in_flight = InFlight::sent(&self.pool, endpoint);
         let opened = client.lease_keep_alive(self.lease.0).await;
-        in_flight.finish();
+        let sent = in_flight.finish();
         match opened {
             Ok((keeper, stream)) => {
-                self.pool.answered(endpoint);
+                self.pool.answered(endpoint, sent);
                 self.stream = Some((endpoint, keeper, stream));
                 Ok(())
             }
             // etcd-client's word for a first answer of TTL 0: the lease is gone.
             Err(etcd_client::Error::LeaseKeepAliveError(m)) if m.contains("lease not found") => {
-                self.pool.answered(endpoint);
+                self.pool.answered(endpoint, sent);
                 Err(Error::LeaseNotFound { lease: self.lease })
             }
             Err(e) => match map("keep-alive", Kind::Write, e) {
@@ -110,9 +110,9 @@ impl EtcdKeepAlive {
             return Err(self.closed(e));
         }
         let answer = stream.message().await;
-        in_flight.finish();
+        let sent = in_flight.finish();
         if matches!(answer, Ok(Some(_))) {
-            self.pool.answered(endpoint);
+            self.pool.answered(endpoint, sent);
         }
         match answer {
             // A revoked or expired lease is answered with TTL 0 on a stream that stays open.
@@ -165,8 +165,10 @@ impl<'a> InFlight<'a> {
         }
     }
 
-    fn finish(mut self) {
+    /// The renewal was answered (or failed on its own): returns when it was sent.
+    fn finish(mut self) -> Instant {
         self.done = true;
+        self.sent
     }
 }
 

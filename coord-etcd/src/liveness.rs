@@ -42,7 +42,7 @@ pub(crate) async fn probe_quiet_connections(pool: Weak<Pool>) {
             };
             pool.asked(i);
             match tokio::time::timeout(ANSWER_BY, client.status()).await {
-                Ok(Ok(_)) => pool.answered(i),
+                Ok(Ok(_)) => pool.answered(i, now),
                 // A refusal or a broken connection: the watches on it hear of it themselves.
                 Ok(Err(_)) => {}
                 Err(_) => {

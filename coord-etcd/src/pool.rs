@@ -41,8 +41,10 @@ struct Endpoint {
 /// from one that is dead. A connection that answered lately is slow, not dead, and is kept.
 #[derive(Debug, Default, Clone, Copy)]
 struct Activity {
-    /// When it last answered anything of ours (a reply, a keep-alive answer, a progress
-    /// answer; not a watch event, which proves only the way back).
+    /// When the latest request it answered was sent (a reply, a keep-alive answer, a
+    /// progress answer; not a watch event, which proves only the way back): it carried both
+    /// ways from then. An answer to a request sent earlier proves nothing later: a connection
+    /// whose way out died still brings in the answers to what went out before.
     answered: Option<Instant>,
     /// When the oldest request it has not answered anything since was sent.
     awaiting: Option<Instant>,
@@ -280,14 +282,16 @@ impl Pool {
         self.activity(i).awaiting.get_or_insert_with(Instant::now);
     }
 
-    /// Notes that endpoint `i`'s connection answered something just now.
-    pub(crate) fn answered(&self, i: usize) {
+    /// Notes that endpoint `i`'s connection answered a request sent at `sent`.
+    pub(crate) fn answered(&self, i: usize, sent: Instant) {
         let mut activity = self.activity(i);
-        activity.answered = Some(Instant::now());
-        activity.awaiting = None;
+        activity.answered = activity.answered.max(Some(sent));
+        if activity.awaiting.is_some_and(|at| at <= sent) {
+            activity.awaiting = None;
+        }
     }
 
-    /// Whether endpoint `i`'s connection has answered nothing since `since`.
+    /// Whether endpoint `i`'s connection has answered no request sent since `since`.
     fn silent_since(&self, i: usize, since: Instant) -> bool {
         self.activity(i).answered.is_none_or(|at| at < since)
     }
@@ -437,7 +441,7 @@ impl Pool {
             .await;
             let err = match outcome {
                 Ok(Ok(Some(v))) => {
-                    self.answered(idx);
+                    self.answered(idx, sent);
                     return Ok(v);
                 }
                 Ok(Ok(None)) => continue,
@@ -606,15 +610,20 @@ mod tests {
         let sent = Instant::now();
         pool.asked(1);
         tokio::time::advance(Duration::from_millis(500)).await;
-        // Endpoint 1 answered another request after this one was sent: it is slow, so neither
-        // it nor endpoint 0 (which waits longer) is given up on.
-        pool.answered(1);
+        // An answer to a request sent before this one proves nothing: the way out may have
+        // died since.
+        pool.answered(1, sent - Duration::from_millis(1));
+        assert!(!pool.silent_since(1, sent - Duration::from_millis(1)));
+        assert!(pool.silent_since(1, sent));
+        // Endpoint 1 answered another request sent after this one: it is slow, so neither it
+        // nor endpoint 0 (which waits longer) is given up on.
+        pool.answered(1, Instant::now());
         tokio::time::advance(Duration::from_millis(500)).await;
         assert!(!pool.unanswered(1, sent));
         assert_eq!(replaced(&tokens), [false, false]);
         // An answer on endpoint 0 ends its wait: an older request of its own, since answered
         // around, says nothing about it.
-        pool.answered(0);
+        pool.answered(0, Instant::now());
         let later = Instant::now();
         pool.asked(1);
         tokio::time::advance(Duration::from_secs(1)).await;

@@ -127,8 +127,9 @@ pub(crate) async fn open(pool: &Arc<Pool>, req: WatchRequest) -> Result<WatchStr
                         // An answer to our request: the connection carries both ways. (An
                         // event proves only the way back: a connection that lost a request's
                         // bytes on the way out may still bring events in.)
-                        asked.pool.answered(asked.endpoint);
-                        asked.since = None;
+                        if let Some(sent) = asked.since.take() {
+                            asked.pool.answered(asked.endpoint, sent);
+                        }
                         yield Ok(WatchResponse::progress_answer(revision));
                         continue;
                     }
