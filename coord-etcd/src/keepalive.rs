@@ -156,11 +156,12 @@ struct InFlight<'a> {
 impl<'a> InFlight<'a> {
     /// A renewal sent on `endpoint`'s connection just now.
     fn sent(pool: &'a Pool, endpoint: usize) -> Self {
-        pool.asked(endpoint);
+        let sent = Instant::now();
+        pool.asked(endpoint, sent);
         InFlight {
             pool,
             endpoint,
-            sent: Instant::now(),
+            sent,
             done: false,
         }
     }

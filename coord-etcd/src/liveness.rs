@@ -40,7 +40,7 @@ pub(crate) async fn probe_quiet_connections(pool: Weak<Pool>) {
             let Some(mut client) = pool.quiet_and_waited_on(i, now - QUIET) else {
                 continue;
             };
-            pool.asked(i);
+            pool.asked(i, now);
             match tokio::time::timeout(ANSWER_BY, client.status()).await {
                 Ok(Ok(_)) => pool.answered(i, now),
                 // A refusal or a broken connection: the watches on it hear of it themselves.

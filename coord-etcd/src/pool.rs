@@ -277,9 +277,13 @@ impl Pool {
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Notes that a request is being sent on endpoint `i`'s connection just now.
-    pub(crate) fn asked(&self, i: usize) {
-        self.activity(i).awaiting.get_or_insert_with(Instant::now);
+    /// Notes that a request sent at `sent` is on endpoint `i`'s connection. The caller hands
+    /// the same instant to [`answered`](Self::answered) when it is answered, so that answer
+    /// ends the wait: one read of the clock for both, or the wait outlives its answer by the
+    /// nanoseconds between two reads, and the connection looks waited on forever.
+    pub(crate) fn asked(&self, i: usize, sent: Instant) {
+        let mut activity = self.activity(i);
+        activity.awaiting = Some(activity.awaiting.map_or(sent, |at| at.min(sent)));
     }
 
     /// Notes that endpoint `i`'s connection answered a request sent at `sent`.
@@ -422,7 +426,7 @@ impl Pool {
             let sent = Instant::now();
             let outcome = tokio::time::timeout_at(deadline, async {
                 let (client, streams) = self.connection_at(idx).await?;
-                self.asked(idx);
+                self.asked(idx, sent);
                 let replaced = streams.clone();
                 let connection = Connection {
                     endpoint: idx,
@@ -580,18 +584,36 @@ mod tests {
         assert_eq!(took, Duration::from_secs(2), "the request timeout");
     }
 
+    /// In real time, where no two reads of the clock agree: a request answered leaves its
+    /// connection waiting on nothing (it was left waiting forever, probed and replaced with
+    /// the ones that waited, when the wait was stamped by a second read of the clock).
+    #[tokio::test]
+    async fn an_answered_request_leaves_its_connection_waiting_on_nothing() {
+        let pool = pool_of(2);
+        for kind in [Kind::Read, Kind::Write] {
+            pool.call("get", kind, b"k", |_| async { Ok(()) })
+                .await
+                .unwrap();
+            assert_eq!(pool.activity(0).awaiting, None, "{kind:?}");
+        }
+        let tokens = connections(&pool).await;
+        // So a request given up on the other member replaces only that member's connection.
+        assert!(pool.unanswered(1, Instant::now()));
+        assert_eq!(replaced(&tokens), [false, true]);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_unanswered_request_replaces_every_connection_waiting_on_an_older_one() {
         let pool = pool_of(3);
         let tokens = connections(&pool).await;
         // Endpoint 0 waits on a request sent before the one given up on endpoint 1; endpoint
         // 2 on one sent after it (it has not waited as long: it may be fine).
-        pool.asked(0);
+        pool.asked(0, Instant::now());
         tokio::time::advance(Duration::from_millis(300)).await;
         let sent = Instant::now();
-        pool.asked(1);
+        pool.asked(1, sent);
         tokio::time::advance(Duration::from_millis(300)).await;
-        pool.asked(2);
+        pool.asked(2, Instant::now());
         tokio::time::advance(Duration::from_secs(1)).await;
         assert!(pool.unanswered(1, sent));
         assert_eq!(replaced(&tokens), [true, true, false]);
@@ -606,9 +628,9 @@ mod tests {
     async fn a_connection_that_answered_since_is_slow_not_dead() {
         let pool = pool_of(2);
         let tokens = connections(&pool).await;
-        pool.asked(0);
         let sent = Instant::now();
-        pool.asked(1);
+        pool.asked(0, sent);
+        pool.asked(1, sent);
         tokio::time::advance(Duration::from_millis(500)).await;
         // An answer to a request sent before this one proves nothing: the way out may have
         // died since.
@@ -625,7 +647,7 @@ mod tests {
         // around, says nothing about it.
         pool.answered(0, Instant::now());
         let later = Instant::now();
-        pool.asked(1);
+        pool.asked(1, later);
         tokio::time::advance(Duration::from_secs(1)).await;
         assert!(pool.unanswered(1, later));
         assert_eq!(replaced(&tokens), [false, true]);

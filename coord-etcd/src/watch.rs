@@ -99,8 +99,8 @@ pub(crate) async fn open(pool: &Arc<Pool>, req: WatchRequest) -> Result<WatchStr
                             yield Err(Error::StreamClosed { stream: "watch", source: Some(Box::new(e)) });
                             break;
                         }
-                        asked.since.get_or_insert_with(Instant::now);
-                        asked.pool.asked(asked.endpoint);
+                        let since = *asked.since.get_or_insert_with(Instant::now);
+                        asked.pool.asked(asked.endpoint, since);
                         continue;
                     }
                     m = stream.message() => m,
