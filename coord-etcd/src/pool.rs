@@ -364,12 +364,21 @@ impl Pool {
         }
     }
 
-    /// Moves requests off endpoint `from` after it failed with `err`: a member that answers
-    /// `no leader` is cut off from its peers, and the next may be with the majority.
+    /// Moves requests off endpoint `from` after it failed with `err`. A member that answers
+    /// `no leader` is cut off from its peers: the next may be with the majority, and the
+    /// watches open on it are stale (it hears of no change the others commit, yet answers
+    /// their progress requests), which etcd ends only three election timeouts later. They
+    /// end now, with its connection, and resume on the next member: a leader whose key an
+    /// operator deleted meanwhile learns it then, not seconds later.
     pub(crate) fn fail_over_after(&self, from: usize, err: &(dyn std::error::Error + 'static)) {
         use coord_api::planted::{enabled, Bug};
-        if enabled(Bug::FailoverStaysOnNoLeader) && error_chain(err).contains("no leader") {
+        let cut_off = error_chain(err).contains("no leader");
+        if cut_off && enabled(Bug::FailoverStaysOnNoLeader) {
             return;
+        }
+        if cut_off {
+            tracing::debug!(endpoint = %self.endpoints[from].url, "member has no leader; ending its streams");
+            self.reconnect(from);
         }
         self.fail_over(from);
     }
@@ -651,6 +660,33 @@ mod tests {
         tokio::time::advance(Duration::from_secs(1)).await;
         assert!(pool.unanswered(1, later));
         assert_eq!(replaced(&tokens), [false, true]);
+    }
+
+    /// A read answered `no leader` by member 0 and then `leader changed` by member 1: which
+    /// connections were replaced, and where requests go now.
+    #[tokio::test(start_paused = true)]
+    async fn a_member_without_a_leader_has_its_streams_ended() {
+        let pool = pool_of(3);
+        let tokens = connections(&pool).await;
+        let answers = Arc::new(Mutex::new(vec!["leader changed", "etcdserver: no leader"]));
+        let result = pool
+            .call("get", Kind::Read, b"k", move |_| {
+                let answer = answers.lock().unwrap().pop();
+                async move {
+                    match answer {
+                        Some(m) => Err(etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
+                            m,
+                        ))),
+                        None => Ok(()),
+                    }
+                }
+            })
+            .await;
+        assert!(result.is_ok(), "{result:?}");
+        // Member 0 is cut off: its watches are stale and end. Member 1 only lost its leader
+        // to an election: its streams carry on.
+        assert_eq!(replaced(&tokens), [true, false, false]);
+        assert_eq!(pool.current(), 2);
     }
 
     /// The gaps between the attempts of a read, about `about`, that fails every time with
