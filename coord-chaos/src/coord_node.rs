@@ -220,8 +220,8 @@ impl Registration {
         }
     }
 
-    /// Changes the metadata; recorded once the update returned, when every later write of
-    /// the key carries it.
+    /// Changes the metadata; recorded once the update returned, when every write of the key
+    /// sent later carries it.
     async fn update(&self, node: &Node, generation: u64) {
         let Registration::Running(reg, _) = self else {
             return;

@@ -132,7 +132,7 @@ pub enum Happening {
         key: String,
     },
     /// The node changed its registration's metadata to `value` (recorded once the update
-    /// returned: every write of the key after this carries it, or a newer value).
+    /// returned: every write of the key sent after this carries it, or a newer value).
     Metadata {
         /// Who.
         who: Incarnation,

@@ -43,11 +43,13 @@ fn seeded_turmoil_runs_hold_every_invariant() {
     // asked anything); 4571 (L2: a renewal lost on a connection whose way out died was not
     // given up on, because answers to requests sent before the fault still came in); 4692 (S3:
     // a leader whose member was cut off from its peers kept its stale watch for 4 s after its
-    // key was deleted, though a request there had answered `no leader` 2 s in).
+    // key was deleted, though a request there had answered `no leader` 2 s in); 2672 (M1: a
+    // heal write the backend gave up on landed 0.1 s after an update returned, which M1 now
+    // allows while such a write may be in flight).
     Runner::new(CoordService)
         .turmoil(true)
         .replay_with(replay(""))
-        .run((0..seeds()).chain([39, 125, 221, 511, 1066, 1141, 2847, 4571, 4692]))
+        .run((0..seeds()).chain([39, 125, 221, 511, 1066, 1141, 2847, 4571, 4692, 2672]))
         .assert_clean();
 }
 

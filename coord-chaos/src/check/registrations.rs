@@ -395,14 +395,19 @@ fn check_rode_through(
 
 /// M1: every write of a host's key by its node carries the metadata the node last set before
 /// the write (or newer): a heal, a put-back after a delete, a re-put never brings back an old
-/// value.
+/// value. A write sent before an update returned may land after it (the backend gave up on
+/// it, `Indeterminate`, while its last attempt was on the wire), so an older value is allowed
+/// only while a write that carried it could still be in flight: it was the latest within the
+/// node's reply window before landing, or before a hold of the node's traffic that ended in
+/// that window.
 pub(super) fn m1_latest_metadata(run: &Run<'_>, out: &mut Vec<Violation>) {
-    let mut latest: std::collections::BTreeMap<Incarnation, u64> = Default::default();
+    // Per node, each generation it set and when the update returned, in order.
+    let mut set: std::collections::BTreeMap<Incarnation, Vec<(u64, Duration)>> = Default::default();
     for r in &run.history.records {
         match &r.what {
             Happening::Metadata { who, value, .. } => {
                 if let Some(g) = metadata_generation(value.as_bytes()) {
-                    latest.insert(*who, g);
+                    set.entry(*who).or_default().push((g, r.at));
                 }
             }
             Happening::Store(Entry::Commit {
@@ -413,26 +418,57 @@ pub(super) fn m1_latest_metadata(run: &Run<'_>, out: &mut Vec<Violation>) {
                 let Some(who) = run.author(*origin) else {
                     continue;
                 };
-                let Some(set) = latest.get(&who).copied() else {
+                let Some(&(latest, _)) = set.get(&who).and_then(|s| s.last()) else {
                     continue;
                 };
                 let key = host_key(who.node);
                 for e in events.iter().filter(|e| {
                     e.kind == coord_api::EventKind::Put && e.kv.key.as_ref() == key.as_bytes()
                 }) {
-                    if let Some(wrote) = metadata_generation(&e.kv.value).filter(|w| *w < set) {
-                        out.push(run.violation(
-                            "M1",
-                            r.at,
-                            &[who],
-                            format!(
-                                "wrote {key} with metadata generation {wrote} at revision {revision}, after setting generation {set}"
-                            ),
-                        ));
+                    let Some(wrote) = metadata_generation(&e.kv.value).filter(|w| *w < latest)
+                    else {
+                        continue;
+                    };
+                    // When what it carried stopped being the latest: the first update to a
+                    // newer generation returned.
+                    let superseded = set[&who]
+                        .iter()
+                        .find(|(g, _)| *g > wrote)
+                        .map_or(Duration::ZERO, |(_, at)| *at);
+                    if superseded + in_flight_window(run, who.node, r.at) >= r.at {
+                        continue;
                     }
+                    out.push(run.violation(
+                        "M1",
+                        r.at,
+                        &[who],
+                        format!(
+                            "wrote {key} with metadata generation {wrote} at revision {revision}, {:.3}s after an update replaced it (latest: {latest}; a write sent before could land {:.3}s after)",
+                            (r.at - superseded).as_secs_f64(),
+                            in_flight_window(run, who.node, r.at).as_secs_f64()
+                        ),
+                    ));
                 }
             }
             _ => {}
         }
     }
+}
+
+/// How long before `at` a write of `node` that lands at `at` may have been sent: a reply
+/// window, or from the start of a hold of the node's traffic that ended within one (the
+/// hold delivers what it held when it ends).
+fn in_flight_window(run: &Run<'_>, node: usize, at: Duration) -> Duration {
+    let window = run.reply_window(node, at);
+    run.beliefs
+        .faults
+        .iter()
+        .filter(|f| {
+            f.fault.kind == FaultKind::Hold
+                && f.fault.node == node
+                && f.from <= at
+                && at <= f.until + window
+        })
+        .map(|f| at - f.from + window)
+        .fold(window, Duration::max)
 }
