@@ -35,11 +35,12 @@ use super::task::Task;
 use crate::error::{Error, Result};
 use crate::request::{
     Compare, CompareOp, DeleteRequest, GetRequest, PutRequest, TxnOp, TxnOpResponse, TxnRequest,
+    TxnResponse,
 };
 use crate::retry::{self, Backoff};
 use crate::store::DynKvLeaseStore;
 use crate::sync::{watch, Stop};
-use crate::types::{LeaseId, Revision};
+use crate::types::{KeyValue, LeaseId, Revision};
 
 /// What to register and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,11 +187,12 @@ impl Shared {
     /// Writes the key under `lease` with the latest metadata, unless it already stands
     /// under `lease`; returns its create and mod revisions.
     ///
-    /// Only an update can have written it there (a heal writes under a new lease, a put-back
-    /// after a delete finds the key gone), and an update writes the latest value: so the key
-    /// is left as it is rather than overwritten with what may by then be older. A heal never
-    /// waits for an update to finish, then (its put may be waiting out a lost reply), and
-    /// never writes over a newer value; an update waits for the heal writes in flight.
+    /// An update writes the latest value there, so a key found under `lease` is not
+    /// overwritten with what may by then be older: a heal never waits for an update to
+    /// finish (its put may be waiting out a lost reply), and never writes over a newer value;
+    /// an update waits for the heal writes in flight. Found with older metadata (a heal write
+    /// that landed after its caller gave up on it), it is brought up to date
+    /// ([`bring_up_to_date`](Self::bring_up_to_date)).
     async fn put(&self, lease: LeaseId) -> Result<(Revision, Revision)> {
         let in_flight = self.heal_writes.clone().read_owned().await;
         let metadata = if crate::planted::enabled(crate::planted::Bug::HealWritesFirstMetadata) {
@@ -205,32 +207,18 @@ impl Shared {
         let txn = TxnRequest::new()
             .when([Compare::lease(key.clone(), CompareOp::NotEqual, lease)])
             .and_then([TxnOp::Put(put)])
-            .or_else([TxnOp::Get(GetRequest::key(key))]);
-        // The write runs on as a task of its own, holding its place among the heal writes
-        // until it resolves, if the heal stops waiting for it (its session ended meanwhile).
-        let store = self.store().clone();
-        let write = tokio::spawn(
-            async move {
-                let _in_flight = in_flight;
-                store.txn(txn).await
-            }
-            .in_current_span(),
-        );
-        let r = write.await.map_err(|e| Error::Rejected {
-            backend: "coord",
-            operation: "registration put",
-            source: e.to_string().into(),
-        })??;
+            .or_else([TxnOp::Get(GetRequest::key(key.clone()))]);
+        let r = self.write(txn, in_flight).await?;
         let revisions = match r.responses.first() {
             Some(TxnOpResponse::Put(p)) => {
                 Some(p.prev_kv.as_ref().map_or((r.revision, r.revision), |kv| {
                     (kv.create_revision, r.revision)
                 }))
             }
-            Some(TxnOpResponse::Get(g)) => g
-                .kvs
-                .first()
-                .map(|kv| (kv.create_revision, kv.mod_revision)),
+            Some(TxnOpResponse::Get(g)) => match g.kvs.first() {
+                Some(kv) => Some(self.bring_up_to_date(kv, lease).await?),
+                None => None,
+            },
             _ => None,
         };
         // The compare failed only if the key stands under the lease, so the read found it.
@@ -239,6 +227,68 @@ impl Shared {
             operation: "registration put",
             source: format!("the store answered {r:?}").into(),
         })
+    }
+
+    /// The key found under our lease: its create and mod revisions, once it carries the
+    /// latest metadata. An update writes the latest value, but an older write of ours may
+    /// have landed after it: a heal write its caller gave up on (the backend answered
+    /// `Indeterminate` while its last attempt was still on the wire) stops holding up
+    /// updates, yet lands later. Left as it stands, the key would keep the old value until
+    /// the next update.
+    async fn bring_up_to_date(
+        &self,
+        kv: &KeyValue,
+        lease: LeaseId,
+    ) -> Result<(Revision, Revision)> {
+        let in_flight = self.heal_writes.clone().read_owned().await;
+        let latest = self.latest();
+        if kv.value == latest {
+            return Ok((kv.create_revision, kv.mod_revision));
+        }
+        tracing::warn!(
+            "registered key carries older metadata than the latest (a write that landed late); rewriting it"
+        );
+        let key = self.config.key.clone();
+        let put = PutRequest::new(key.clone(), latest.to_vec()).with_lease(lease);
+        let txn = TxnRequest::new()
+            .when([Compare::mod_revision(
+                key,
+                CompareOp::Equal,
+                kv.mod_revision,
+            )])
+            .and_then([TxnOp::Put(put)]);
+        let r = self.write(txn, in_flight).await?;
+        // Written by someone else meanwhile: only an update (with the latest value) or an
+        // operator can have; what stands is not ours to overwrite.
+        let mod_revision = if r.succeeded {
+            r.revision
+        } else {
+            kv.mod_revision
+        };
+        Ok((kv.create_revision, mod_revision))
+    }
+
+    /// Runs a write of the key. It runs on as a task of its own, holding its place among the
+    /// heal writes until it resolves, if the heal stops waiting for it (its session ended
+    /// meanwhile).
+    async fn write(
+        &self,
+        txn: TxnRequest,
+        in_flight: tokio::sync::OwnedRwLockReadGuard<()>,
+    ) -> Result<TxnResponse> {
+        let store = self.store().clone();
+        let write = tokio::spawn(
+            async move {
+                let _in_flight = in_flight;
+                store.txn(txn).await
+            }
+            .in_current_span(),
+        );
+        write.await.map_err(|e| Error::Rejected {
+            backend: "coord",
+            operation: "registration put",
+            source: e.to_string().into(),
+        })?
     }
 
     fn latest(&self) -> Bytes {

@@ -134,3 +134,35 @@ pub async fn a_registration_with_revoke_on_drop_removes_its_key_when_dropped(fx:
     );
     host.stop().await.unwrap();
 }
+
+/// A registration started again on a host session whose lease still holds the key from an
+/// earlier one (dropped without a stop, as a component that restarts with new settings
+/// does) writes its own metadata: the key found under the lease carries an older value.
+pub async fn a_registration_started_over_its_own_key_writes_its_metadata(fx: &dyn Fixture) {
+    let store = fx.store();
+    let host = HostSession::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()));
+    let first = HostRegistration::start_on(&host, reg(fx, "hosts/a", "v1"))
+        .await
+        .unwrap();
+    let lease = first.lease_id();
+    drop(first);
+    let left = store
+        .get_key("hosts/a")
+        .await
+        .unwrap()
+        .expect("left standing");
+    assert_eq!((left.value.as_ref(), left.lease), ("v1".as_bytes(), lease));
+    let again = HostRegistration::start_on(&host, reg(fx, "hosts/a", "v2"))
+        .await
+        .unwrap();
+    assert_eq!(again.lease_id(), lease, "the host's lease");
+    let kv = store.get_key("hosts/a").await.unwrap().expect("registered");
+    assert_eq!(
+        (kv.value.as_ref(), kv.lease, kv.create_revision),
+        ("v2".as_bytes(), lease, left.create_revision),
+        "the new registration's metadata, in place under the host's lease"
+    );
+    again.stop().await.unwrap();
+    assert!(!present(&store, "hosts/a").await);
+    host.stop().await.unwrap();
+}

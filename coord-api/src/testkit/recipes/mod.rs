@@ -81,6 +81,7 @@ macro_rules! recipe_tests {
             host::a_host_session_shares_one_lease_and_heals_it,
             host::a_registration_spawned_while_cut_off_registers_when_the_store_answers,
             host::a_registration_with_revoke_on_drop_removes_its_key_when_dropped,
+            host::a_registration_started_over_its_own_key_writes_its_metadata,
             candidate::a_candidate_hands_over_only_once_its_work_stopped,
             candidate::a_cut_off_candidate_stops_its_work_before_anyone_else_leads,
             candidate::a_candidate_rests_between_terms_and_counts_them,
