@@ -27,8 +27,8 @@ const ANSWER_BY: Duration = Duration::from_secs(1);
 /// How often the pool's connections are looked at.
 const EVERY: Duration = Duration::from_millis(250);
 
-/// Runs until the pool is dropped, from the pool's first watch (before that, every request
-/// is bounded by its own timeout); see the module docs.
+/// Runs until the pool is dropped, from the pool's first request or watch; see the module
+/// docs.
 pub(crate) async fn probe_quiet_connections(pool: Weak<Pool>) {
     let mut tick = tokio::time::interval(EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

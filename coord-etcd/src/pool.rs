@@ -5,8 +5,8 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::sync::Mutex;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use coord_api::retry::{self, Backoff};
@@ -67,6 +67,8 @@ pub(crate) struct Pool {
     config: EtcdConfig,
     /// Whether the task that probes quiet connections (`crate::liveness`) runs.
     liveness: AtomicBool,
+    /// The pool itself, for that task (which ends when the pool is dropped).
+    me: Weak<Pool>,
 }
 
 /// A watch stream open on an endpoint, counted there until it is dropped.
@@ -86,7 +88,7 @@ impl Drop for Watching {
 impl Pool {
     /// Connects to `config`'s endpoints, or, when `channels` are given, over them: one
     /// factory per member, in order.
-    pub(crate) fn new(config: EtcdConfig, channels: Vec<ChannelFactory>) -> Self {
+    pub(crate) fn new(config: EtcdConfig, channels: Vec<ChannelFactory>) -> Arc<Self> {
         let endpoints = if channels.is_empty() {
             config
                 .endpoints
@@ -112,23 +114,27 @@ impl Pool {
                 })
                 .collect()
         };
-        Pool {
+        Arc::new_cyclic(|me| Pool {
             endpoints,
             current: AtomicUsize::new(0),
             config,
             liveness: AtomicBool::new(false),
+            me: me.clone(),
+        })
+    }
+
+    /// Starts the probe of quiet connections (`crate::liveness`), with the first request or
+    /// watch: a store dialled lazily may be made outside a runtime.
+    fn probe_quiet_connections(&self) {
+        if !self.liveness.swap(true, Ordering::Relaxed) {
+            tokio::spawn(crate::liveness::probe_quiet_connections(self.me.clone()));
         }
     }
 
-    /// Counts a watch stream opened on endpoint `i` until the returned guard is dropped, and
-    /// starts the probe of quiet connections (`crate::liveness`) on the first.
+    /// Counts a watch stream opened on endpoint `i` until the returned guard is dropped.
     pub(crate) fn watching(self: &Arc<Self>, i: usize) -> Watching {
         self.endpoints[i].watches.fetch_add(1, Ordering::Relaxed);
-        if !self.liveness.swap(true, Ordering::Relaxed) {
-            tokio::spawn(crate::liveness::probe_quiet_connections(Arc::downgrade(
-                self,
-            )));
-        }
+        self.probe_quiet_connections();
         Watching {
             pool: self.clone(),
             endpoint: i,
@@ -282,6 +288,7 @@ impl Pool {
     /// ends the wait: one read of the clock for both, or the wait outlives its answer by the
     /// nanoseconds between two reads, and the connection looks waited on forever.
     pub(crate) fn asked(&self, i: usize, sent: Instant) {
+        self.probe_quiet_connections();
         let mut activity = self.activity(i);
         activity.awaiting = Some(activity.awaiting.map_or(sent, |at| at.min(sent)));
     }
@@ -516,7 +523,7 @@ mod tests {
 
     /// A pool of `members` members whose connections are never used: the requests below fail
     /// before they reach them.
-    fn pool_of(members: usize) -> Pool {
+    fn pool_of(members: usize) -> Arc<Pool> {
         let lazy: ChannelFactory = Arc::new(|| {
             tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy()
         });
@@ -526,7 +533,7 @@ mod tests {
         )
     }
 
-    fn pool() -> Pool {
+    fn pool() -> Arc<Pool> {
         pool_of(1)
     }
 
@@ -546,7 +553,7 @@ mod tests {
     /// A request of `kind` whose first attempt never hears back, its connection replaced 100 ms
     /// in: what it came to, after how long, and in how many attempts.
     async fn replaced_under(kind: Kind) -> (Result<usize>, Duration, usize) {
-        let pool = Arc::new(pool());
+        let pool = pool();
         let attempts = Arc::new(AtomicUsize::new(0));
         let start = Instant::now();
         let request = {

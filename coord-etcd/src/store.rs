@@ -139,10 +139,8 @@ impl EtcdStore {
         Ok(store)
     }
 
-    fn on(pool: Pool) -> Self {
-        EtcdStore {
-            pool: Arc::new(pool),
-        }
+    fn on(pool: Arc<Pool>) -> Self {
+        EtcdStore { pool }
     }
 
     /// The configuration the store runs with.
