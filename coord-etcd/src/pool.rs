@@ -125,7 +125,7 @@ impl Pool {
 
     /// Starts the probe of quiet connections (`crate::liveness`), with the first request or
     /// watch: a store dialled lazily may be made outside a runtime.
-    fn probe_quiet_connections(&self) {
+    fn start_probing(&self) {
         if !self.liveness.swap(true, Ordering::Relaxed) {
             // In the span of the first request, so that its events say whose store it is.
             let span = tracing::debug_span!("liveness");
@@ -139,7 +139,7 @@ impl Pool {
     /// Counts a watch stream opened on endpoint `i` until the returned guard is dropped.
     pub(crate) fn watching(self: &Arc<Self>, i: usize) -> Watching {
         self.endpoints[i].watches.fetch_add(1, Ordering::Relaxed);
-        self.probe_quiet_connections();
+        self.start_probing();
         Watching {
             pool: self.clone(),
             endpoint: i,
@@ -293,7 +293,7 @@ impl Pool {
     /// ends the wait: one read of the clock for both, or the wait outlives its answer by the
     /// nanoseconds between two reads, and the connection looks waited on forever.
     pub(crate) fn asked(&self, i: usize, sent: Instant) {
-        self.probe_quiet_connections();
+        self.start_probing();
         let mut activity = self.activity(i);
         activity.awaiting = Some(activity.awaiting.map_or(sent, |at| at.min(sent)));
     }

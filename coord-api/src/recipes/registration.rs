@@ -230,11 +230,12 @@ impl Shared {
     }
 
     /// The key found under our lease: its create and mod revisions, once it carries the
-    /// latest metadata. An update writes the latest value, but an older write of ours may
-    /// have landed after it: a heal write its caller gave up on (the backend answered
-    /// `Indeterminate` while its last attempt was still on the wire) stops holding up
-    /// updates, yet lands later. Left as it stands, the key would keep the old value until
-    /// the next update.
+    /// latest metadata. An update writes the latest value, but the key may carry another:
+    /// a registration started again on a host session whose lease still holds the key from
+    /// an earlier one, or a heal write its caller gave up on (the backend answered
+    /// `Indeterminate` while its last attempt was still on the wire) that landed after an
+    /// update returned. Left as it stands, the key would keep that value until the next
+    /// update.
     async fn bring_up_to_date(
         &self,
         kv: &KeyValue,
@@ -246,7 +247,7 @@ impl Shared {
             return Ok((kv.create_revision, kv.mod_revision));
         }
         tracing::warn!(
-            "registered key carries older metadata than the latest (a write that landed late); rewriting it"
+            "the key under our lease carries other metadata than the latest; rewriting it"
         );
         let key = self.config.key.clone();
         let put = PutRequest::new(key.clone(), latest.to_vec()).with_lease(lease);
