@@ -711,3 +711,64 @@ async fn a_closed_stream_notifies_no_progress_ahead_of_its_last_events() {
         "then the end: {end:?}"
     );
 }
+
+/// A candidate stopped while it steps down in a store outage (its deadline near, its renewals
+/// refused) cannot resign: its stop says so rather than `Ok`, and the key is indeed still
+/// there once the store is back (a restarted etcd renews every lease), until its lease runs
+/// out with nobody renewing it.
+#[tokio::test(start_paused = true)]
+async fn a_candidate_stopped_while_stepping_down_in_an_outage_reports_its_key_left() {
+    use coord_api::recipes::{Candidate, CandidateConfig, CandidateStatus, ElectionPool, Term};
+    let sim = SimStore::new();
+    let pool = ElectionPool::new(dyn_store(&sim), SessionConfig::default().with_ttl(TTL));
+    let (over_tx, mut over) = tokio::sync::mpsc::unbounded_channel();
+    // The work outlives the end of its term by less than the grace: the stop comes meanwhile.
+    let work = move |term: Term| {
+        let over_tx = over_tx.clone();
+        async move {
+            term.over().await;
+            let _ = over_tx.send(Instant::now());
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    let candidate = Candidate::spawn(&pool, CandidateConfig::new("e", "a"), work);
+    let mut status = candidate.subscribe();
+    within(
+        TTL,
+        "a to lead",
+        status.wait_for(|s| matches!(s, CandidateStatus::Leading { .. })),
+    )
+    .await
+    .unwrap();
+    let key = sim.get_prefix("e/").await.unwrap().kvs.remove(0);
+    sim.crash();
+    let crashed = Instant::now();
+    let stepped_down = within(TTL * 2, "the term to end", over.recv())
+        .await
+        .unwrap();
+    assert!(
+        stepped_down - crashed < TTL,
+        "the term ended {:?} after the crash, past the session's TTL",
+        stepped_down - crashed
+    );
+    let stopped = candidate.stop().await;
+    assert!(
+        stopped.is_err(),
+        "stop() returned Ok while the store was down and the key {} stood",
+        String::from_utf8_lossy(&key.key)
+    );
+    let election_timeout = Duration::from_secs(1);
+    sim.restart(election_timeout);
+    let left = sim.get_prefix("e/").await.unwrap().kvs;
+    assert_eq!(
+        left.iter().map(|kv| kv.create_revision).collect::<Vec<_>>(),
+        [key.create_revision],
+        "the key the stop reported left"
+    );
+    eventually(
+        TTL + election_timeout + Duration::from_secs(1),
+        "the key to go with its lease",
+        || async { sim.get_prefix("e/").await.unwrap().count == 0 },
+    )
+    .await;
+}

@@ -239,7 +239,8 @@ impl Candidate {
     }
 
     /// Stops: tells the term's work its term is over, waits for it (within the grace),
-    /// resigns, and campaigns no more.
+    /// resigns, and campaigns no more. `Ok` means the candidate's key is gone: resigned, or
+    /// ended by the store itself (its lease or key reported gone, its fence refused).
     ///
     /// # Errors
     /// Whatever the resignation fails with (the key then goes with the session's lease); a
@@ -275,6 +276,15 @@ impl End {
             End::Stopping => "candidate stopping",
         }
     }
+}
+
+/// Whether the store itself ended the leader key: it reported the lease gone, the key
+/// deleted, or refused the key's fence. The other losses are this process's view alone.
+fn store_ended_key(why: LossReason) -> bool {
+    matches!(
+        why,
+        LossReason::LeaseLost | LossReason::KeyDeleted | LossReason::FencedOut
+    )
 }
 
 /// Resolves once less than `grace` is left before the leadership's deadline (renewals stopped
@@ -406,10 +416,15 @@ where
     match end {
         End::Lost(why) => {
             tracing::info!(token = %token, reason = %why, "term lost");
-            if cancel.is_stopped() {
+            if !cancel.is_stopped() {
+                TermEnd::Over
+            } else if store_ended_key(why) {
                 TermEnd::Stopped(Ok(()))
             } else {
-                TermEnd::Over
+                // Only this process's view of the leadership ended: the key may stand (a
+                // restarted store renews every lease), so the stop is clean only once the
+                // resignation deleted it.
+                TermEnd::Stopped(leadership.resign().await)
             }
         }
         End::SteppedDown => {
@@ -418,7 +433,8 @@ where
             let resigned = leadership.resign().await;
             tracing::info!(token = %token, resigned = resigned.is_ok(), "stepped down before the deadline");
             if cancel.is_stopped() {
-                TermEnd::Stopped(Ok(()))
+                // A stop asked for meanwhile reports whether the key is gone.
+                TermEnd::Stopped(resigned)
             } else {
                 TermEnd::Over
             }
