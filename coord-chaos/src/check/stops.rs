@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use coord_api::{EventKind, LeaseId};
 
+use super::truth::KeySpan;
 use super::{PartStop, Run, Violation};
-use crate::history::{Happening, Part};
+use crate::history::{Happening, Incarnation, Part};
 use crate::keys::host_key;
 
 pub(super) fn l7_stops(run: &Run<'_>, out: &mut Vec<Violation>) {
@@ -20,11 +21,46 @@ pub(super) fn l7_stops(run: &Run<'_>, out: &mut Vec<Violation>) {
 
 /// The keys that stood at `at`, with the lease each stood under.
 fn keys_at<'r>(run: &'r Run<'_>, at: Duration) -> impl Iterator<Item = (&'r str, LeaseId)> {
+    spans_at(run, at).map(|s| (s.key.as_str(), s.lease))
+}
+
+fn spans_at<'r>(run: &'r Run<'_>, at: Duration) -> impl Iterator<Item = &'r KeySpan> {
     run.truth
         .key_spans
         .iter()
         .filter(move |s| s.from <= at && s.until.is_none_or(|u| u > at))
-        .map(|s| (s.key.as_str(), s.lease))
+}
+
+/// Whether `span` is what an earlier stop of the same part left behind and reported (it
+/// returned an error: the key goes with its lease), untouched by the incarnation since. A
+/// later instance of the part never held such a key, so its clean stop does not answer for
+/// it; one that wrote the key again does.
+fn left_by_failed_stop(run: &Run<'_>, stop: &PartStop, span: &KeySpan) -> bool {
+    run.beliefs.part_stops.iter().any(|earlier| {
+        let Some((at, false)) = earlier.returned else {
+            return false;
+        };
+        earlier.who == stop.who
+            && earlier.part == stop.part
+            && at <= stop.began
+            && span.from <= at
+            && !wrote(run, stop.who, &span.key, at)
+    })
+}
+
+/// Whether `who` put `key` after `since`.
+fn wrote(run: &Run<'_>, who: Incarnation, key: &str, since: Duration) -> bool {
+    run.history.records.iter().any(|r| {
+        let Happening::Store(coord_sim::journal::Entry::Commit { origin, events, .. }) = &r.what
+        else {
+            return false;
+        };
+        r.at > since
+            && run.author(*origin) == Some(who)
+            && events
+                .iter()
+                .any(|e| e.kind == EventKind::Put && e.kv.key_str() == key)
+    })
 }
 
 fn is_election_key(run: &Run<'_>, key: &str) -> bool {
@@ -93,13 +129,13 @@ fn part_stop(run: &Run<'_>, stop: &PartStop, out: &mut Vec<Violation>) {
     let mine = |lease: LeaseId| run.truth.granted_by(lease) == Some(who);
     if clean {
         let left: Vec<String> = match &stop.part {
-            Part::Registration => keys_at(run, returned)
-                .filter(|(k, l)| *k == host_key(who.node) && mine(*l))
-                .map(|(k, l)| format!("{k} under lease {l}"))
-                .collect(),
-            Part::Pool => keys_at(run, returned)
-                .filter(|(k, l)| is_election_key(run, k) && mine(*l))
-                .map(|(k, l)| format!("{k} under lease {l}"))
+            Part::Registration | Part::Pool => spans_at(run, returned)
+                .filter(|s| match stop.part {
+                    Part::Registration => s.key == host_key(who.node),
+                    _ => is_election_key(run, &s.key),
+                })
+                .filter(|s| mine(s.lease) && !left_by_failed_stop(run, stop, s))
+                .map(|s| format!("{} under lease {}", s.key, s.lease))
                 .collect(),
             Part::Leadership(election) => {
                 let token = run
