@@ -59,6 +59,14 @@ fn rejected(op: &'static str, source: impl Into<coord_api::BoxError>) -> Error {
     }
 }
 
+/// Whether `err` is a member's answer (a refusal: `leader changed`, `no leader`, a lease not
+/// found, a compacted revision...), as opposed to a failure of the way there. etcd prefixes
+/// every error it returns with `etcdserver:`; the transport's (tonic's, hyper's, h2's) never
+/// are. A refusal proves the connection alive as much as a reply does.
+pub(crate) fn from_member(err: &etcd_client::Error) -> bool {
+    matches!(err, etcd_client::Error::GRpcStatus(s) if s.message().starts_with("etcdserver:"))
+}
+
 /// Whether the transport gave the request back unsent: hyper cancels a request that was still
 /// queued for a connection when that connection closed, or that met a connection not ready to
 /// take it, and only then (`hyper::Error::is_canceled`). Such a write reached no server, so it

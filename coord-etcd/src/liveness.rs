@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::error::from_member;
 use crate::pool::Pool;
 
 /// How long a connection that something waits on may answer nothing before it is asked.
@@ -43,7 +44,9 @@ pub(crate) async fn probe_quiet_connections(pool: Weak<Pool>) {
             pool.asked(i, now);
             match tokio::time::timeout(ANSWER_BY, client.status()).await {
                 Ok(Ok(_)) => pool.answered(i, now),
-                // A refusal or a broken connection: the watches on it hear of it themselves.
+                // A refusal is an answer from a live member.
+                Ok(Err(e)) if from_member(&e) => pool.answered(i, now),
+                // A broken connection: the watches on it hear of it themselves.
                 Ok(Err(_)) => {}
                 Err(_) => {
                     tracing::debug!(

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::EtcdConfig;
-use crate::error::{map, Kind, BACKEND};
+use crate::error::{from_member, map, Kind, BACKEND};
 
 /// One endpoint and, once connected, its client. Each endpoint gets its own client (a
 /// channel to that member alone) so the store decides where a request goes: etcd-client's
@@ -462,7 +462,13 @@ impl Pool {
                 // on the old. A write may have been applied: its caller must be told.
                 tokio::select! {
                     biased;
-                    r = request => r.map(Some).map_err(|e| map(op, kind, e)),
+                    r = request => r.map(Some).map_err(|e| {
+                        // A member's refusal is an answer: its connection is alive.
+                        if from_member(&e) {
+                            self.answered(idx, sent);
+                        }
+                        map(op, kind, e)
+                    }),
                     _ = replaced.cancelled(), if kind == Kind::Read => Ok(None),
                 }
             })
@@ -709,6 +715,42 @@ mod tests {
         // to an election: its streams carry on.
         assert_eq!(replaced(&tokens), [true, false, false]);
         assert_eq!(pool.current(), 2);
+    }
+
+    /// A member's refusal is an answer from a live member: it ends its connection's wait, so
+    /// a request given up on elsewhere leaves that connection be. A failure on the way there
+    /// is no answer: that connection still waits, and goes with the one given up on.
+    #[tokio::test(start_paused = true)]
+    async fn a_members_refusal_is_an_answer_and_a_transport_failure_is_not() {
+        let pool = pool_of(3);
+        let tokens = connections(&pool).await;
+        // Member 0 refuses, the way to member 1 fails, member 2 answers.
+        let answers = Arc::new(Mutex::new(vec![
+            "transport error: connection reset",
+            "etcdserver: leader changed",
+        ]));
+        let result = pool
+            .call("get", Kind::Read, b"k", move |_| {
+                let answer = answers.lock().unwrap().pop();
+                async move {
+                    match answer {
+                        Some(m) => Err(etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
+                            m,
+                        ))),
+                        None => Ok(()),
+                    }
+                }
+            })
+            .await;
+        assert!(result.is_ok(), "{result:?}");
+        assert_eq!(pool.activity(0).awaiting, None, "member 0 answered");
+        assert!(pool.activity(1).awaiting.is_some(), "member 1 did not");
+        tokio::time::advance(Duration::from_millis(100)).await;
+        let sent = Instant::now();
+        pool.asked(2, sent);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(pool.unanswered(2, sent));
+        assert_eq!(replaced(&tokens), [false, true, true]);
     }
 
     /// The gaps between the attempts of a read, about `about`, that fails every time with
