@@ -704,6 +704,12 @@ impl Leadership {
     /// Whatever the delete fails with; the leadership has ended either way (its key then
     /// goes with the session's lease).
     pub async fn resign(self) -> Result<()> {
+        self.hand_over().await
+    }
+
+    /// [`resign`](Self::resign), keeping the handle: a caller whose resignation failed may
+    /// try again.
+    pub(crate) async fn hand_over(&self) -> Result<()> {
         lose(&self.lost, &self.key.name, LossReason::Resigned);
         // In the session's turn for this election: never under a campaign's write of the same
         // key, never after a newer campaign took the key over, never under an older
