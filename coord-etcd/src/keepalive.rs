@@ -9,9 +9,10 @@ use tokio::time::Instant;
 use async_trait::async_trait;
 use coord_api::{Error, KeepAlive, LeaseId, Result};
 use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
+use tokio_util::sync::CancellationToken;
 
 use crate::error::with_lease;
-use crate::error::{map, Kind};
+use crate::error::{from_member, map, Kind};
 use crate::pool::Pool;
 
 /// One lease's keep-alive stream, opened on the first renewal and re-opened (on the current
@@ -19,7 +20,15 @@ use crate::pool::Pool;
 pub(crate) struct EtcdKeepAlive {
     pool: Arc<Pool>,
     lease: LeaseId,
-    stream: Option<(usize, LeaseKeeper, LeaseKeepAliveStream)>,
+    stream: Option<Open>,
+}
+
+/// The stream, on the connection of endpoint `endpoint`, which `replaced` says was replaced.
+struct Open {
+    endpoint: usize,
+    keeper: LeaseKeeper,
+    stream: LeaseKeepAliveStream,
+    replaced: CancellationToken,
 }
 
 impl std::fmt::Debug for EtcdKeepAlive {
@@ -42,8 +51,8 @@ impl EtcdKeepAlive {
 
     fn closed(&mut self, source: impl Into<coord_api::BoxError>) -> Error {
         let source = source.into();
-        if let Some((endpoint, ..)) = self.stream.take() {
-            self.pool.fail_over_after(endpoint, source.as_ref());
+        if let Some(open) = self.stream.take() {
+            self.pool.fail_over_after(open.endpoint, source.as_ref());
         }
         Error::StreamClosed {
             stream: "keep-alive",
@@ -56,7 +65,7 @@ impl EtcdKeepAlive {
     /// not handed back.
     pub(crate) async fn open(&mut self) -> Result<()> {
         let endpoint = self.pool.current();
-        let mut client = match self.pool.client_at(endpoint).await {
+        let (mut client, replaced) = match self.pool.connection_at(endpoint).await {
             Ok(c) => c,
             Err(e) => {
                 self.pool.fail_over(endpoint);
@@ -67,12 +76,27 @@ impl EtcdKeepAlive {
             }
         };
         let in_flight = InFlight::sent(&self.pool, endpoint);
-        let opened = client.lease_keep_alive(self.lease.0).await;
+        let opened = tokio::select! {
+            biased;
+            r = client.lease_keep_alive(self.lease.0) => r,
+            _ = replaced.cancelled() => {
+                in_flight.finish();
+                return Err(replaced_under_it());
+            }
+        };
         let sent = in_flight.finish();
+        if opened.as_ref().is_err_and(from_member) {
+            self.pool.answered(endpoint, sent);
+        }
         match opened {
             Ok((keeper, stream)) => {
                 self.pool.answered(endpoint, sent);
-                self.stream = Some((endpoint, keeper, stream));
+                self.stream = Some(Open {
+                    endpoint,
+                    keeper,
+                    stream,
+                    replaced,
+                });
                 Ok(())
             }
             // etcd-client's word for a first answer of TTL 0: the lease is gone.
@@ -99,19 +123,30 @@ impl EtcdKeepAlive {
         if self.stream.is_none() {
             self.open().await?;
         }
-        let (endpoint, keeper, stream) = self.stream.as_mut().expect("opened above");
-        let endpoint = *endpoint;
+        let open = self.stream.as_mut().expect("opened above");
+        let endpoint = open.endpoint;
+        let replaced = open.replaced.clone();
         // A renewal abandoned before its answer (the caller gave up waiting, as a session
         // does when the next renewal is due) may say the connection is dead without a reset:
         // replace it then, unless it answered anything meanwhile.
         let in_flight = InFlight::sent(&self.pool, endpoint);
-        if let Err(e) = keeper.keep_alive().await {
-            in_flight.finish();
-            return Err(self.closed(e));
-        }
-        let answer = stream.message().await;
+        let exchange = async {
+            open.keeper.keep_alive().await?;
+            open.stream.message().await
+        };
+        let answer = tokio::select! {
+            biased;
+            r = exchange => r,
+            // Found dead by another request: the renewal goes again at once on a fresh
+            // connection rather than wait out its deadline on this one.
+            _ = replaced.cancelled() => {
+                in_flight.finish();
+                self.stream = None;
+                return Err(replaced_under_it());
+            }
+        };
         let sent = in_flight.finish();
-        if matches!(answer, Ok(Some(_))) {
+        if matches!(answer, Ok(Some(_))) || answer.as_ref().is_err_and(from_member) {
             self.pool.answered(endpoint, sent);
         }
         match answer {
@@ -135,12 +170,21 @@ impl KeepAlive for EtcdKeepAlive {
         match tokio::time::timeout(timeout, self.renew_once()).await {
             Ok(r) => r,
             Err(_) => {
-                if let Some((endpoint, ..)) = &self.stream {
-                    self.pool.reconnect(*endpoint);
+                if let Some(open) = &self.stream {
+                    self.pool.reconnect(open.endpoint);
                 }
                 Err(self.closed(format!("no answer within {timeout:?}")))
             }
         }
+    }
+}
+
+/// The error of a renewal whose connection was replaced while it waited: nothing to fail
+/// over from (the pool moved on when it replaced it), and the renewal may go again at once.
+fn replaced_under_it() -> Error {
+    Error::StreamClosed {
+        stream: "keep-alive",
+        source: Some("its connection was found dead and replaced".into()),
     }
 }
 
@@ -178,5 +222,49 @@ impl Drop for InFlight<'_> {
         if !self.done {
             self.pool.unanswered(self.endpoint, self.sent);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::EtcdConfig;
+    use crate::pool::ChannelFactory;
+
+    /// A keep-alive whose opening hangs on a member that accepted the connection and answers
+    /// nothing ends as soon as another request finds the connection dead and replaces it,
+    /// not at the request timeout: the session renews again at once, on a fresh connection.
+    #[tokio::test]
+    async fn a_renewal_whose_connection_is_replaced_ends_at_once() {
+        // The kernel completes the handshakes; nothing ever reads or answers.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", silent.local_addr().unwrap());
+        let channel: ChannelFactory = Arc::new(move || {
+            tonic::transport::Endpoint::from_shared(url.clone())
+                .unwrap()
+                .connect_lazy()
+        });
+        let timeout = Duration::from_secs(60);
+        let pool = Pool::new(
+            EtcdConfig::new(["unused:1"]).with_request_timeout(timeout),
+            vec![channel],
+        );
+        let mut keep_alive = EtcdKeepAlive::new(pool.clone(), LeaseId(1));
+        let start = Instant::now();
+        let renewal = tokio::spawn(async move { keep_alive.renew().await });
+        // Once the renewal is on the wire, another request gives up on the connection.
+        while !pool.is_waited_on(0) {
+            tokio::task::yield_now().await;
+        }
+        pool.reconnect(0);
+        let result = renewal.await.unwrap();
+        assert!(
+            matches!(result, Err(Error::StreamClosed { .. })),
+            "{result:?}"
+        );
+        // Far below the 60 s request timeout it would otherwise wait out, whatever the load.
+        assert!(start.elapsed() < timeout / 6, "{:?}", start.elapsed());
+        // The fresh connection is left be: the abandoned renewal counts against nothing.
+        assert!(!pool.is_waited_on(0));
     }
 }

@@ -307,6 +307,12 @@ impl Pool {
         }
     }
 
+    /// Whether endpoint `i`'s connection waits on an answer.
+    #[cfg(test)]
+    pub(crate) fn is_waited_on(&self, i: usize) -> bool {
+        self.activity(i).awaiting.is_some()
+    }
+
     /// Whether endpoint `i`'s connection has answered no request sent since `since`.
     fn silent_since(&self, i: usize, since: Instant) -> bool {
         self.activity(i).answered.is_none_or(|at| at < since)
