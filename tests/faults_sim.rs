@@ -772,3 +772,44 @@ async fn a_candidate_stopped_while_stepping_down_in_an_outage_reports_its_key_le
     )
     .await;
 }
+
+/// A leader's own session tries the election again (a hand-over to a newer campaign, as the
+/// chaos node does) and the try's write is applied with its reply lost: the try fails
+/// `Indeterminate`, and its withdrawal must leave the key to the leadership that still
+/// stands on it, whose fence still works, rather than delete the shared key under it.
+/// Chaos seed 3266 found the withdrawal deleting it; this holds the path on its own.
+#[tokio::test(start_paused = true)]
+async fn an_unanswered_try_by_the_leaders_own_session_leaves_the_leader_its_key() {
+    let sim = SimStore::new();
+    let client = sim.connect();
+    let session = Session::new(dyn_store(&client), SessionConfig::default().with_ttl(TTL))
+        .await
+        .unwrap();
+    let election = Election::new(&session, "e");
+    let lead = election.campaign("v1").await.unwrap();
+    client.lose_replies(1);
+    let err = election.try_campaign("v2").await.unwrap_err();
+    assert_eq!(err.class(), ErrorClass::Indeterminate, "{err:?}");
+    // Long enough for a withdrawal's retries to have landed, had there been one.
+    tokio::time::sleep(TTL / 2).await;
+    let key = sim.get_prefix("e/").await.unwrap().kvs;
+    assert_eq!(
+        key.iter().map(|kv| kv.create_revision).collect::<Vec<_>>(),
+        [lead.token()],
+        "the leader's key went with the failed try"
+    );
+    assert!(lead.loss().is_none(), "the leader lost: {:?}", lead.loss());
+    let written = lead
+        .fence()
+        .txn(
+            coord_api::TxnRequest::new().and_then([coord_api::TxnOp::Put(PutRequest::new(
+                "work",
+                "by the leader",
+            ))]),
+        )
+        .await
+        .expect("the standing leader's fence");
+    assert!(written.succeeded);
+    lead.resign().await.unwrap();
+    assert_eq!(sim.get_prefix("e/").await.unwrap().count, 0);
+}
