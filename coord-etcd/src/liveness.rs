@@ -36,18 +36,24 @@ pub(crate) async fn probe_quiet_connections(pool: Weak<Pool>) {
     loop {
         tick.tick().await;
         let Some(pool) = pool.upgrade() else { return };
-        for i in 0..pool.len() {
-            let now = Instant::now();
-            let Some(mut client) = pool.quiet_and_waited_on(i, now - QUIET) else {
-                continue;
-            };
+        let now = Instant::now();
+        let quiet: Vec<_> = (0..pool.len())
+            .filter_map(|i| pool.quiet_and_waited_on(i, now - QUIET).map(|c| (i, c)))
+            .collect();
+        // All at once: members cut off together are left together, not one ANSWER_BY each.
+        let asked = quiet.into_iter().map(|(i, mut client)| {
             pool.asked(i, now);
-            match tokio::time::timeout(ANSWER_BY, client.status()).await {
+            async move { (i, tokio::time::timeout(ANSWER_BY, client.status()).await) }
+        });
+        for (i, answer) in futures::future::join_all(asked).await {
+            match answer {
                 Ok(Ok(_)) => pool.answered(i, now),
                 // A refusal is an answer from a live member.
                 Ok(Err(e)) if from_member(&e) => pool.answered(i, now),
                 // A broken connection: the watches on it hear of it themselves.
                 Ok(Err(_)) => {}
+                // Replaced already, with another one left just before.
+                Err(_) if !pool.is_waited_on(i) => {}
                 Err(_) => {
                     tracing::debug!(
                         endpoint = i,
@@ -58,5 +64,48 @@ pub(crate) async fn probe_quiet_connections(pool: Weak<Pool>) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::config::EtcdConfig;
+    use crate::pool::ChannelFactory;
+
+    /// Three members whose connections went quiet together under watches (they accepted, and
+    /// answer nothing) are left together, ANSWER_BY after they are asked, not one ANSWER_BY
+    /// each: a watch waits on no request, so leaving one replaces no other.
+    #[tokio::test(start_paused = true)]
+    async fn quiet_connections_are_asked_and_left_together() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", silent.local_addr().unwrap());
+        let channel: ChannelFactory = Arc::new(move || {
+            tonic::transport::Endpoint::from_shared(url.clone())
+                .unwrap()
+                .connect_lazy()
+        });
+        let pool = Pool::new(
+            EtcdConfig::new(["unused:1"]).with_request_timeout(Duration::from_secs(60)),
+            vec![channel; 3],
+        );
+        let mut replaced = Vec::new();
+        for i in 0..3 {
+            replaced.push(pool.connection_at(i).await.unwrap().1);
+        }
+        // A watch on each, asking nothing (the first starts the probe).
+        let sent = Instant::now();
+        let _watches: Vec<_> = (0..3).map(|i| pool.watching(i)).collect();
+        for token in &replaced {
+            token.cancelled().await;
+        }
+        // Quiet for QUIET, noticed within a tick, then one ANSWER_BY for all three.
+        let took = sent.elapsed();
+        assert!(
+            took <= QUIET + EVERY + ANSWER_BY,
+            "left {took:?} after going quiet"
+        );
     }
 }

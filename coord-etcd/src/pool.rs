@@ -308,7 +308,6 @@ impl Pool {
     }
 
     /// Whether endpoint `i`'s connection waits on an answer.
-    #[cfg(test)]
     pub(crate) fn is_waited_on(&self, i: usize) -> bool {
         self.activity(i).awaiting.is_some()
     }
