@@ -430,14 +430,15 @@ where
         End::SteppedDown => {
             // The store is likely out of reach: the resignation is a courtesy to the next
             // leader, and the key goes with the lease otherwise.
+            let asked_before = cancel.is_stopped();
             let mut resigned = leadership.hand_over().await;
             tracing::info!(token = %token, resigned = resigned.is_ok(), "stepped down before the deadline");
             if !cancel.is_stopped() {
                 return TermEnd::Over;
             }
             // A stop asked for meanwhile wants the key gone, and says whether it is: the
-            // store may answer again by now (the failed resignation was sent before).
-            if resigned.is_err() {
+            // store may answer again by now (the failed resignation was sent before it).
+            if resigned.is_err() && !asked_before {
                 resigned = leadership.hand_over().await;
             }
             TermEnd::Stopped(resigned)

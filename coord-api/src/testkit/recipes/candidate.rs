@@ -7,7 +7,7 @@ use crate::recipes::{
     Candidate, CandidateConfig, CandidateStatus, ElectionPool, SessionConfig, Term,
 };
 use crate::testkit::{eventually, within};
-use crate::{Error, KvLeaseStore};
+use crate::{Error, KvLeaseStore, KvLeaseStoreExt};
 use tokio::time::Instant;
 
 use super::fixture::Fixture;
@@ -147,6 +147,48 @@ pub async fn a_cut_off_candidate_stops_its_work_before_anyone_else_leads(fx: &dy
     client.cut_off(false);
     b.stop().await.unwrap();
     a.stop().await.unwrap();
+}
+
+/// A candidate stopped while it steps down cut off from the store (its deadline near, its
+/// renewals unanswered) cannot resign: its stop says so rather than `Ok` (a restarted etcd
+/// renews every lease, so the key may well stand), and the key goes with its lease.
+pub async fn a_candidate_stopped_while_cut_off_reports_its_key_left(fx: &dyn Fixture) {
+    let store = fx.store();
+    let client = fx.client().await;
+    let pool = ElectionPool::new(
+        client.store.clone(),
+        SessionConfig::default().with_ttl(fx.ttl()),
+    );
+    let (over_tx, mut over) = tokio::sync::mpsc::unbounded_channel();
+    // The work outlives the end of its term by half its grace (a quarter of the TTL): the
+    // stop comes meanwhile.
+    let linger = fx.ttl() / 8;
+    let work = move |term: Term| {
+        let over_tx = over_tx.clone();
+        async move {
+            term.over().await;
+            let _ = over_tx.send(());
+            tokio::time::sleep(linger).await;
+        }
+    };
+    let a = Candidate::spawn(&pool, CandidateConfig::new("jobs", "a"), work);
+    leading(&a, prompt(fx)).await;
+    client.cut_off(true);
+    within(fx.ttl() + fx.slack(), "the term to end", over.recv())
+        .await
+        .unwrap();
+    let stopped = a.stop().await;
+    assert!(
+        stopped.is_err(),
+        "stop() returned Ok with the store out of reach and nothing resigned"
+    );
+    client.cut_off(false);
+    eventually(
+        fx.ttl() + fx.slack(),
+        "the key to go with its lease",
+        || async { store.get_prefix("jobs/").await.is_ok_and(|r| r.count == 0) },
+    )
+    .await;
 }
 
 pub async fn a_candidate_rests_between_terms_and_counts_them(fx: &dyn Fixture) {

@@ -84,6 +84,7 @@ macro_rules! recipe_tests {
             host::a_registration_started_over_its_own_key_writes_its_metadata,
             candidate::a_candidate_hands_over_only_once_its_work_stopped,
             candidate::a_cut_off_candidate_stops_its_work_before_anyone_else_leads,
+            candidate::a_candidate_stopped_while_cut_off_reports_its_key_left,
             candidate::a_candidate_rests_between_terms_and_counts_them,
             mutex::mutex_excludes_and_hands_over_in_queue_order,
             mutex::mutex_guard_dropped_unlocks,
