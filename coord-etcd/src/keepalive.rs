@@ -137,8 +137,8 @@ impl EtcdKeepAlive {
         let answer = tokio::select! {
             biased;
             r = exchange => r,
-            // Found dead by another request: the renewal goes again at once on a fresh
-            // connection rather than wait out its deadline on this one.
+            // Found dead by another request: the session renews again after its backoff,
+            // on a fresh connection, rather than wait out its deadline on this one.
             _ = replaced.cancelled() => {
                 in_flight.finish();
                 self.stream = None;

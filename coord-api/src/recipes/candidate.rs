@@ -239,8 +239,10 @@ impl Candidate {
     }
 
     /// Stops: tells the term's work its term is over, waits for it (within the grace),
-    /// resigns, and campaigns no more. `Ok` means the candidate's key is gone: resigned, or
-    /// ended by the store itself (its lease or key reported gone, its fence refused).
+    /// resigns, and campaigns no more. From a leading candidate, `Ok` means its key is gone:
+    /// resigned, or ended by the store itself (its lease or key reported gone, its fence
+    /// refused). A campaign still waiting withdraws its key in the background, as a dropped
+    /// [`Election::campaign`](crate::recipes::Election::campaign) does.
     ///
     /// # Errors
     /// Whatever the resignation fails with (the key then goes with the session's lease); a
