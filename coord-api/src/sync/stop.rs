@@ -35,7 +35,7 @@ use std::task::{Context, Poll};
 
 use super::waiters::{Registration, Waiters};
 
-/// A stop signal; clones share it. See the [module docs](self).
+/// A stop signal, set once and waited on by any number of tasks; clones share it.
 #[derive(Clone, Default)]
 pub struct Stop {
     shared: Arc<Shared>,
