@@ -36,7 +36,7 @@ impl SimStore {
 
     /// A new raft leader's lease refresh, alone: every lease lives its full TTL plus `extend`
     /// from now (etcd's lessor promotion), and no stream closes. A member-level leader change
-    /// ([`SimCluster`](crate::grpc::SimCluster)) uses it; [`leader_change`](Self::leader_change)
+    /// (`SimCluster`, with the `turmoil` feature) uses it; [`leader_change`](Self::leader_change)
     /// is the store-wide fault, which also closes every stream.
     pub fn promote(&self, extend: Duration) {
         self.shared.apply(Origin::Store, |s, now| {
