@@ -813,3 +813,53 @@ async fn an_unanswered_try_by_the_leaders_own_session_leaves_the_leader_its_key(
     lead.resign().await.unwrap();
     assert_eq!(sim.get_prefix("e/").await.unwrap().count, 0);
 }
+
+/// A host whose lease ended at its deadline in a store crash revokes it in the background,
+/// retried until it lands; the restarted store renewed it, and the keys under it stand
+/// meanwhile. A stop (the pool's, on the shared host; the host's own) that returns `Ok` has
+/// ended them, not left them to that revoke (in-process chaos seeds 88926 and 80935).
+#[tokio::test(start_paused = true)]
+async fn a_stop_ends_the_keys_under_a_lease_whose_revoke_is_still_on_its_way() {
+    use coord_api::recipes::{ElectionPool, HostSession};
+    for stop_the_host in [false, true] {
+        let sim = SimStore::new();
+        let host = HostSession::new(dyn_store(&sim), SessionConfig::default().with_ttl(TTL));
+        let pool = ElectionPool::on(&host);
+        let lead = pool.campaign("e", "a").await.unwrap();
+        let key = sim.get_prefix("e/").await.unwrap().kvs.remove(0);
+        sim.crash();
+        within(
+            TTL * 2,
+            "the leadership to end at its deadline",
+            lead.lost(),
+        )
+        .await;
+        sim.restart(Duration::from_secs(1));
+        assert_eq!(
+            sim.get_key(String::from_utf8_lossy(&key.key).as_ref())
+                .await
+                .unwrap()
+                .map(|kv| kv.lease),
+            Some(key.lease),
+            "the restarted store keeps the key, its lease renewed"
+        );
+        if stop_the_host {
+            drop(pool);
+            host.stop().await.unwrap();
+            assert!(
+                sim.time_to_live(key.lease).await.is_err(),
+                "the host's stop returned Ok and left its lease {}",
+                key.lease
+            );
+        } else {
+            // The host moves on to a new lease (a registration healing would).
+            host.session().await.unwrap();
+            pool.stop().await.unwrap();
+        }
+        assert_eq!(
+            sim.get_prefix("e/").await.unwrap().count,
+            0,
+            "a stop returned Ok (the host's: {stop_the_host}) and left the key"
+        );
+    }
+}

@@ -110,7 +110,7 @@ fn seeded_runs_of_the_default_scenario_hold_every_invariant() {
 
 /// Every seed that ever failed, outside the range the test above runs, replayed on every CI
 /// run so that a fixed bug stays fixed.
-const REGRESSION_SEEDS: [u64; 49] = [
+const REGRESSION_SEEDS: [u64; 52] = [
     // A stop during a heal returned Ok and left the key under an abandoned lease (L7).
     1266,
     // A campaign's withdrawal, retried until it landed, deleted the node's next leader key
@@ -155,6 +155,10 @@ const REGRESSION_SEEDS: [u64; 49] = [
     // resignation failed and the stop said Ok (L7). A pool's clean stop was held to a key its
     // earlier instance left, whose stop had returned an error (the checker was wrong: L7).
     41813, 46796,
+    // Seeds from 50,000: a lease given up at its deadline in a store crash, its revoke still
+    // on its way after the restart (which renewed it), was no longer the host's: a pool's
+    // stop, and a whole node's, returned Ok and left the keys under it (L7).
+    72264, 80935, 88926,
 ];
 
 #[test]

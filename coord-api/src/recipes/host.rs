@@ -9,7 +9,8 @@
 //! their replies did not), with the keys under it: a registration's key, queued candidates.
 //! The session revokes it once every registration on it has put its key back under the new
 //! lease (so watchers see no flap), at once when none is attached, and retries the revoke
-//! until it lands.
+//! until it lands. Until then the lease is still the host's: a stop (the host's, or a shared
+//! pool's) ends the keys under it before it returns `Ok`.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tracing::Instrument;
 
-use super::session::{release_lease, Session, SessionConfig, SessionEnd, SessionHandle};
+use super::session::{release_lease_then, Session, SessionConfig, SessionEnd, SessionHandle};
 use crate::error::{Error, Result};
 use crate::store::DynKvLeaseStore;
 use crate::types::LeaseId;
@@ -67,6 +68,9 @@ struct Inner {
     /// Leases given up at their deadline, still to be revoked once the registrations on
     /// them have moved off.
     abandoned: Mutex<Vec<Abandoned>>,
+    /// Leases being revoked in the background, until the store says each is gone: keys
+    /// under them may still stand.
+    releasing: Arc<Mutex<BTreeSet<LeaseId>>>,
     /// The registrations started on this session.
     attached: Mutex<BTreeSet<u64>>,
     next_id: AtomicU64,
@@ -98,6 +102,7 @@ impl HostSession {
                 current: tokio::sync::Mutex::new(None),
                 latest: Mutex::new(None),
                 abandoned: Mutex::new(Vec::new()),
+                releasing: Arc::default(),
                 attached: Mutex::new(BTreeSet::new()),
                 next_id: AtomicU64::new(0),
                 stopped: AtomicBool::new(false),
@@ -196,7 +201,7 @@ impl HostSession {
         }
         let waiting = lock(&self.inner.attached).clone();
         if waiting.is_empty() {
-            release_lease(self.inner.store.clone(), s.lease());
+            self.release(s.lease());
         } else {
             lock(&self.inner.abandoned).push(Abandoned {
                 lease: s.lease(),
@@ -248,25 +253,37 @@ impl HostSession {
             done.into_iter().map(|a| a.lease).collect()
         };
         for lease in released {
-            release_lease(self.inner.store.clone(), lease);
+            self.release(lease);
         }
     }
 
-    /// Every lease a key of this host may still live under: the live one and those set
-    /// aside but not yet released.
+    /// Revokes `lease` in the background, retried until it lands; until then it counts among
+    /// the host's leases (see [`leases`](Self::leases) and [`stop`](Self::stop)).
+    fn release(&self, lease: LeaseId) {
+        lock(&self.inner.releasing).insert(lease);
+        let releasing = self.inner.releasing.clone();
+        release_lease_then(self.inner.store.clone(), lease, move || {
+            lock(&releasing).remove(&lease);
+        });
+    }
+
+    /// Every lease a key of this host may still live under: the live one, those set aside,
+    /// and those whose revoke has not landed yet.
     pub(crate) fn leases(&self) -> Vec<LeaseId> {
         let mut all: Vec<LeaseId> = lock(&self.inner.abandoned)
             .iter()
             .map(|a| a.lease)
             .collect();
+        all.extend(lock(&self.inner.releasing).iter().copied());
         if let Some(s) = lock(&self.inner.latest).as_ref() {
             all.push(s.lease());
         }
         all
     }
 
-    /// Revokes every lease of the host: the live one and those set aside. Every recipe on it
-    /// ends (their keys go with the leases); the host session grants no more.
+    /// Revokes every lease of the host: the live one, those set aside, and those whose
+    /// background revoke has not landed yet. Every recipe on it ends (their keys go with the
+    /// leases); the host session grants no more.
     ///
     /// # Errors
     /// Whatever a revoke fails with (a lease already gone is success); the revoke is then
@@ -282,11 +299,22 @@ impl HostSession {
             Some(s) => s.close().await,
             None => Ok(()),
         };
-        for lease in abandoned {
+        // Those being revoked in the background too: a stop that returns Ok has ended
+        // every key of the host, not left some to a revoke still on its way.
+        let releasing: Vec<LeaseId> = lock(&self.inner.releasing).iter().copied().collect();
+        for (lease, in_background) in abandoned
+            .into_iter()
+            .map(|l| (l, false))
+            .chain(releasing.into_iter().map(|l| (l, true)))
+        {
             match self.inner.store.revoke(lease).await {
-                Ok(_) | Err(Error::LeaseNotFound { .. }) => {}
+                Ok(_) | Err(Error::LeaseNotFound { .. }) => {
+                    lock(&self.inner.releasing).remove(&lease);
+                }
                 Err(e) => {
-                    release_lease(self.inner.store.clone(), lease);
+                    if !in_background {
+                        self.release(lease);
+                    }
                     if result.is_ok() {
                         result = Err(e);
                     }

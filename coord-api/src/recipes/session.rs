@@ -800,6 +800,15 @@ impl Drop for Session {
 /// expires; after a long outage a restarted etcd refreshes it again, so the revoke must keep
 /// trying, not give up after a while.
 pub(crate) fn release_lease(store: Arc<DynKvLeaseStore>, lease: LeaseId) {
+    release_lease_then(store, lease, || {});
+}
+
+/// [`release_lease`], calling `gone` once the store says the lease is gone.
+pub(crate) fn release_lease_then(
+    store: Arc<DynKvLeaseStore>,
+    lease: LeaseId,
+    gone: impl FnOnce() + Send + 'static,
+) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         tracing::warn!(lease_id = %lease, "no runtime to revoke an abandoned lease; it will expire");
         return;
@@ -813,9 +822,13 @@ pub(crate) fn release_lease(store: Arc<DynKvLeaseStore>, lease: LeaseId) {
                 match store.revoke(lease).await {
                     Ok(_) => {
                         tracing::info!(lease_id = %lease, attempts, "revoked an abandoned lease");
+                        gone();
                         return;
                     }
-                    Err(Error::LeaseNotFound { .. }) => return,
+                    Err(Error::LeaseNotFound { .. }) => {
+                        gone();
+                        return;
+                    }
                     Err(e) => {
                         tracing::debug!(
                             lease_id = %lease,
