@@ -230,9 +230,11 @@ pub(super) fn l1_self_healing(run: &Run<'_>, out: &mut Vec<Violation>) {
                 && f.from + s.ttl * 2 + s.request_timeout * 3 >= t
         };
         let alone = run.beliefs.faults.iter().all(|f| {
-            (matches!(f.fault.kind, FaultKind::Revoke | FaultKind::Delete)
-                || !super::overlaps(f, window.0, window.1))
-                && !lingering(f)
+            let operator = matches!(f.fault.kind, FaultKind::Revoke | FaultKind::Delete);
+            // Another revoke or delete after the loss may take the heal's new lease or key
+            // (in-process seed 73157: the next revoke took the lease granted for the heal).
+            let again = operator && f.from > t && f.from <= window.1;
+            (operator || !super::overlaps(f, window.0, window.1)) && !again && !lingering(f)
         });
         let stopped = run.beliefs.part_stops.iter().any(|p| {
             p.who == lost.who
