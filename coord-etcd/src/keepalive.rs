@@ -229,21 +229,13 @@ impl Drop for InFlight<'_> {
 mod tests {
     use super::*;
     use crate::config::EtcdConfig;
-    use crate::pool::ChannelFactory;
 
     /// A keep-alive whose opening hangs on a member that accepted the connection and answers
     /// nothing ends as soon as another request finds the connection dead and replaces it,
     /// not at the request timeout: the session renews again at once, on a fresh connection.
     #[tokio::test]
     async fn a_renewal_whose_connection_is_replaced_ends_at_once() {
-        // The kernel completes the handshakes; nothing ever reads or answers.
-        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", silent.local_addr().unwrap());
-        let channel: ChannelFactory = Arc::new(move || {
-            tonic::transport::Endpoint::from_shared(url.clone())
-                .unwrap()
-                .connect_lazy()
-        });
+        let (_silent, channel) = Pool::silent_member();
         let timeout = Duration::from_secs(60);
         let pool = Pool::new(
             EtcdConfig::new(["unused:1"]).with_request_timeout(timeout),

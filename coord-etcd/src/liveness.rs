@@ -69,24 +69,15 @@ pub(crate) async fn probe_quiet_connections(pool: Weak<Pool>) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
     use crate::config::EtcdConfig;
-    use crate::pool::ChannelFactory;
 
     /// Three members whose connections went quiet together under watches (they accepted, and
     /// answer nothing) are left together, ANSWER_BY after they are asked, not one ANSWER_BY
     /// each: a watch waits on no request, so leaving one replaces no other.
     #[tokio::test(start_paused = true)]
     async fn quiet_connections_are_asked_and_left_together() {
-        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", silent.local_addr().unwrap());
-        let channel: ChannelFactory = Arc::new(move || {
-            tonic::transport::Endpoint::from_shared(url.clone())
-                .unwrap()
-                .connect_lazy()
-        });
+        let (_silent, channel) = Pool::silent_member();
         let pool = Pool::new(
             EtcdConfig::new(["unused:1"]).with_request_timeout(Duration::from_secs(60)),
             vec![channel; 3],

@@ -307,6 +307,20 @@ impl Pool {
         }
     }
 
+    /// A member that accepts connections and never answers (the kernel completes the
+    /// handshakes; nothing reads), and a channel to it: a connection dead without a reset.
+    #[cfg(test)]
+    pub(crate) fn silent_member() -> (std::net::TcpListener, ChannelFactory) {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", silent.local_addr().unwrap());
+        let channel: ChannelFactory = Arc::new(move || {
+            tonic::transport::Endpoint::from_shared(url.clone())
+                .unwrap()
+                .connect_lazy()
+        });
+        (silent, channel)
+    }
+
     /// Whether endpoint `i`'s connection waits on an answer.
     pub(crate) fn is_waited_on(&self, i: usize) -> bool {
         self.activity(i).awaiting.is_some()
@@ -695,26 +709,33 @@ mod tests {
         assert_eq!(replaced(&tokens), [false, true]);
     }
 
+    /// A read whose attempts fail in turn with `answers` (an `Unavailable` status each, as
+    /// its message says), and then succeed.
+    async fn read_answered(pool: &Pool, answers: &[&'static str]) -> Result<()> {
+        let answers = Arc::new(Mutex::new(
+            answers.iter().rev().copied().collect::<Vec<_>>(),
+        ));
+        pool.call("get", Kind::Read, b"k", move |_| {
+            let answer = answers.lock().unwrap().pop();
+            async move {
+                match answer {
+                    Some(m) => Err(etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
+                        m,
+                    ))),
+                    None => Ok(()),
+                }
+            }
+        })
+        .await
+    }
+
     /// A read answered `no leader` by member 0 and then `leader changed` by member 1: which
     /// connections were replaced, and where requests go now.
     #[tokio::test(start_paused = true)]
     async fn a_member_without_a_leader_has_its_streams_ended() {
         let pool = pool_of(3);
         let tokens = connections(&pool).await;
-        let answers = Arc::new(Mutex::new(vec!["leader changed", "etcdserver: no leader"]));
-        let result = pool
-            .call("get", Kind::Read, b"k", move |_| {
-                let answer = answers.lock().unwrap().pop();
-                async move {
-                    match answer {
-                        Some(m) => Err(etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
-                            m,
-                        ))),
-                        None => Ok(()),
-                    }
-                }
-            })
-            .await;
+        let result = read_answered(&pool, &["etcdserver: no leader", "leader changed"]).await;
         assert!(result.is_ok(), "{result:?}");
         // Member 0 is cut off: its watches are stale and end. Member 1 only lost its leader
         // to an election: its streams carry on.
@@ -730,23 +751,14 @@ mod tests {
         let pool = pool_of(3);
         let tokens = connections(&pool).await;
         // Member 0 refuses, the way to member 1 fails, member 2 answers.
-        let answers = Arc::new(Mutex::new(vec![
-            "transport error: connection reset",
-            "etcdserver: leader changed",
-        ]));
-        let result = pool
-            .call("get", Kind::Read, b"k", move |_| {
-                let answer = answers.lock().unwrap().pop();
-                async move {
-                    match answer {
-                        Some(m) => Err(etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
-                            m,
-                        ))),
-                        None => Ok(()),
-                    }
-                }
-            })
-            .await;
+        let result = read_answered(
+            &pool,
+            &[
+                "etcdserver: leader changed",
+                "transport error: connection reset",
+            ],
+        )
+        .await;
         assert!(result.is_ok(), "{result:?}");
         assert_eq!(pool.activity(0).awaiting, None, "member 0 answered");
         assert!(pool.activity(1).awaiting.is_some(), "member 1 did not");
