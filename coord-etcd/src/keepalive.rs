@@ -245,9 +245,12 @@ mod tests {
         let start = Instant::now();
         let renewal = tokio::spawn(async move { keep_alive.renew().await });
         // Once the renewal is on the wire, another request gives up on the connection.
-        while !pool.is_waited_on(0) {
-            tokio::task::yield_now().await;
-        }
+        coord_api::testkit::within(timeout / 6, "the renewal on the wire", async {
+            while !pool.is_waited_on(0) {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
         pool.reconnect(0);
         let result = renewal.await.unwrap();
         assert!(
