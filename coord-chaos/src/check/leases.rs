@@ -54,11 +54,20 @@ fn expiry_bound(run: &Run<'_>, lease: coord_api::LeaseId, since: Duration) -> Du
         .and_then(|r| r.iter().rev().find(|t| **t <= since).copied())
         .or_else(|| run.truth.grants.get(&lease).map(|g| g.1))
         .unwrap_or_default();
-    let mut bound = renewed + ttl;
+    moved_by_refreshes(run, renewed, renewed + ttl)
+}
+
+/// `bound`, a time by which a lease should be gone counting from `from`, moved by every
+/// refresh of the leases from `from` until then (a leader change: + ET + τ) and by every
+/// store downtime covering it (nothing expires while the store is down; the restart
+/// refreshes).
+pub(super) fn moved_by_refreshes(run: &Run<'_>, from: Duration, bound: Duration) -> Duration {
+    let ttl = run.scenario.ttl;
+    let mut bound = bound;
     loop {
         let before = bound;
         for (at, extend) in &run.truth.promotes {
-            if *at >= renewed && *at <= bound {
+            if *at >= from && *at <= bound {
                 bound = bound.max(*at + *extend + ttl);
             }
         }
