@@ -291,6 +291,55 @@ async fn a_stop_during_a_heal_removes_the_key_left_under_an_abandoned_lease() {
     assert!(sim.get_key("hosts/a").await.unwrap().is_none());
 }
 
+/// A rolling restart: the old incarnation heals after losing its lease while the new one has
+/// registered the same name, and is stopped while the heal's grant is on the wire. The stop
+/// ends the heal before it writes: the new incarnation's key is never overwritten, nor removed
+/// by the old one's clean-up.
+#[tokio::test(start_paused = true)]
+async fn a_stop_during_a_heals_grant_writes_nothing_over_the_new_incarnation() {
+    let sim = SimStore::new();
+    let old_link = sim.connect();
+    let old = HostRegistration::start(
+        dyn_store(&old_link),
+        RegistrationConfig::new("hosts/a", "old").with_ttl(TTL),
+    )
+    .await
+    .unwrap();
+    let mut status = old.subscribe();
+    // Cut off with everything held: its session ends at its deadline, its heal's grant waits.
+    old_link.hold();
+    within(TTL * 2, "the old incarnation to start healing", async {
+        status
+            .wait_for(|s| matches!(s, RegistrationStatus::Healing { .. }))
+            .await
+            .unwrap()
+    })
+    .await;
+    let new = HostRegistration::start(
+        dyn_store(&sim.connect()),
+        RegistrationConfig::new("hosts/a", "new").with_ttl(TTL),
+    )
+    .await
+    .unwrap();
+    let registered = sim.get_key("hosts/a").await.unwrap().unwrap();
+    assert_eq!(registered.lease, new.lease_id());
+    // The heal's first attempt is past its backoff, its grant held (it times out after 5 s).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stop = tokio::spawn(old.stop());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    old_link.release();
+    stop.await.unwrap().unwrap();
+    // The released grant may still apply; nothing writes the key under it.
+    tokio::time::sleep(TTL).await;
+    let now = sim.get_key("hosts/a").await.unwrap().unwrap();
+    assert_eq!(
+        (now.lease, now.mod_revision),
+        (registered.lease, registered.mod_revision),
+        "the stopped incarnation wrote over the new one's key (or removed it)"
+    );
+    new.stop().await.unwrap();
+}
+
 /// Who believes they lead, from when, until when (`None` while it lasts).
 type Beliefs = Arc<std::sync::Mutex<Vec<(&'static str, Instant, Option<Instant>)>>>;
 

@@ -38,7 +38,7 @@ pub enum Bug {
     /// that was paused (or cut off) after checking writes over its successor. Caught by the
     /// fence invariant (S1).
     FenceCheckedLocally,
-    /// `HostRegistration::stop` revokes without waiting for a heal in progress, which then
+    /// `HostRegistration::stop` neither ends nor waits for a heal in progress, which then
     /// writes the key after the stop returned. Caught by L7.
     StopSkipsTheHeal,
     /// A registration's backoff does not start over after a heal: the next loss waits twice

@@ -110,7 +110,7 @@ fn seeded_runs_of_the_default_scenario_hold_every_invariant() {
 
 /// Every seed that ever failed, outside the range the test above runs, replayed on every CI
 /// run so that a fixed bug stays fixed.
-const REGRESSION_SEEDS: [u64; 55] = [
+const REGRESSION_SEEDS: [u64; 56] = [
     // A stop during a heal returned Ok and left the key under an abandoned lease (L7).
     1266,
     // A campaign's withdrawal, retried until it landed, deleted the node's next leader key
@@ -165,6 +165,10 @@ const REGRESSION_SEEDS: [u64; 55] = [
     // S7 held an old incarnation's key to τ + RTT after the new one registered through a
     // store crash, in which no lease expires (the checker was wrong).
     124928, 131808,
+    // A rolling restart's old incarnation, stopped while its heal's grant was held up by lost
+    // replies, put its key over the new incarnation's 6.5 s after the stop was asked, then
+    // removed it (L2: the new one's registration left its lease).
+    119260,
 ];
 
 #[test]

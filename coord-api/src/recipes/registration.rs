@@ -12,7 +12,9 @@
 //! it, so the removal always hits the lease the key lives under. A lease given up at its local
 //! deadline may still live at the store (its renewals arrived, their replies did not), and the
 //! key with it until a heal moves the key; `stop` removes the key from such leases too, and
-//! says so when it could not reach the store.
+//! says so when it could not reach the store. A stop that comes while a heal waits for its
+//! lease ends the heal there: nothing is written after the stop was asked but a put already
+//! on the wire (in a rolling restart, the new incarnation may hold the name by then).
 //!
 //! The lease is a [`HostSession`]'s: the registration's own, or one shared with the host's
 //! elections. The host session sets a lost lease aside and revokes it once the key is under
@@ -450,7 +452,7 @@ impl HostRegistration {
 
     async fn begin(host: HostSession, owned: bool, config: RegistrationConfig) -> Result<Self> {
         let shared = Self::shared(host, owned, config)?;
-        match register(&shared).await {
+        match register(&shared, None).await {
             Ok(first) => Ok(Self::running(shared, Some(first))),
             Err(e) => {
                 shared.host.detach(shared.id);
@@ -618,8 +620,24 @@ impl Drop for HostRegistration {
 type Held = (SessionHandle, (Revision, Revision));
 
 /// Takes the host's live session, publishes its lease, then writes the key under it.
-async fn register(shared: &Shared) -> Result<Held> {
-    let session = shared.host.session().await?;
+/// Registers under the host's session. A stop that comes while the lease is still being
+/// granted ends the attempt before anything is written: a heal held up by a slow grant must
+/// not put the key seconds after its stop was asked (by then a newer incarnation may hold the
+/// name). A put already sent is waited for, and `stop` removes what it wrote.
+async fn register(shared: &Shared, cancel: Option<&Stop>) -> Result<Held> {
+    let cancel = cancel.filter(|_| !crate::planted::enabled(crate::planted::Bug::StopSkipsTheHeal));
+    let session = match cancel {
+        Some(cancel) => tokio::select! {
+            biased;
+            _ = cancel.stopped() => {
+                return Err(Error::Cancelled {
+                    operation: "registration (stopped while its lease was granted)",
+                })
+            }
+            session = shared.host.session() => session?,
+        },
+        None => shared.host.session().await?,
+    };
     // Published before the put, so that a stop() that comes later removes the key whatever
     // lease it is written under (see the module docs).
     shared.lease.store(session.lease().0, Ordering::SeqCst);
@@ -727,9 +745,10 @@ async fn establish(
             _ = cancel.stopped() => return None,
             _ = tokio::time::sleep(delay) => {}
         }
-        // A cancel that lands during the attempt waits for it: the attempt has published
-        // its lease first, so stop() removes whatever it wrote.
-        match register(shared).await {
+        // A cancel that lands while the lease is granted ends the attempt; one that lands
+        // during the put waits for it: the attempt has published its lease first, so stop()
+        // removes whatever it wrote.
+        match register(shared, Some(cancel)).await {
             Ok(held) => {
                 if !crate::planted::enabled(crate::planted::Bug::BackoffNeverResets) {
                     backoff.reset();
