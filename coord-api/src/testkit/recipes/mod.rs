@@ -49,6 +49,7 @@ macro_rules! recipe_tests {
             registration::registration_stop_removes_the_key_immediately,
             registration::registration_crash_leaves_the_key_for_one_ttl,
             registration::registration_stop_during_a_heal_leaves_no_phantom_key,
+            registration::registration_stopped_while_its_heal_is_granted_writes_nothing,
             registration::registration_updates_metadata_in_place,
             registration::registration_puts_back_a_key_deleted_under_its_live_lease,
             registration::registration_is_not_registered_while_its_key_is_put_back,

@@ -152,6 +152,61 @@ pub async fn registration_stop_during_a_heal_leaves_no_phantom_key(fx: &dyn Fixt
     }
 }
 
+/// A rolling restart: the new incarnation holds the name while the old one heals its lost
+/// lease, and the old one is stopped while its heal's grant is on its way. The stop ends the
+/// heal before it writes anything: the new incarnation's key is neither overwritten nor
+/// removed.
+pub async fn registration_stopped_while_its_heal_is_granted_writes_nothing(fx: &dyn Fixture) {
+    let world = fx.store();
+    let client = fx.client().await;
+    let old = HostRegistration::start(
+        client.store.clone(),
+        reg(fx, "hosts/a", "old").with_backoff(Duration::from_millis(10), Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    let new = HostRegistration::start(world.clone(), reg(fx, "hosts/a", "new"))
+        .await
+        .unwrap();
+    let registered = world.get_key("hosts/a").await.unwrap().unwrap();
+    assert_eq!(registered.lease, new.lease_id());
+    // Every request of the old incarnation now takes `delay` to arrive (a proxy delays the
+    // replies as much), its heal's grant among them; the stop comes while that grant is on
+    // its way. A round trip stays short of a renewal's timeout (a third of the TTL), so the
+    // sessions work on, only slowly.
+    let delay = fx.ttl() / 8;
+    client.delay_requests(delay);
+    world.revoke(old.lease_id()).await.unwrap();
+    let mut status = old.subscribe();
+    within(
+        fx.ttl() + delay + fx.slack(),
+        "the old incarnation's heal",
+        async {
+            status
+                .wait_for(|s| matches!(s, RegistrationStatus::Healing { attempt } if *attempt >= 1))
+                .await
+                .unwrap()
+        },
+    )
+    .await;
+    // Past the first attempt's backoff (about 10 ms): its grant is on the wire.
+    tokio::time::sleep(delay / 2).await;
+    old.stop().await.unwrap();
+    // The delayed grant lands (if it has not yet); nothing writes the key under it, before
+    // the stop returned or after.
+    client.delay_requests(Duration::ZERO);
+    let mut w = world
+        .watch(WatchRequest::key("hosts/a").with_start_revision(registered.mod_revision.next()))
+        .await
+        .unwrap();
+    let quiet = tokio::time::timeout(delay + fx.ttl() + fx.slack(), w.next()).await;
+    assert!(
+        quiet.is_err(),
+        "the stopped incarnation wrote over the new one's key (or removed it): {quiet:?}"
+    );
+    new.stop().await.unwrap();
+}
+
 pub async fn registration_updates_metadata_in_place(fx: &dyn Fixture) {
     let store = fx.store();
     let r = HostRegistration::start(store.clone(), reg(fx, "hosts/a", "v1"))
