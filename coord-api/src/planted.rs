@@ -80,11 +80,16 @@ pub enum Bug {
     /// rejoined it (the two share the key, create revision and all): the node's own hand-over
     /// deposes the leadership it handed over to. Caught by S9.
     ResignIgnoresNewerCampaign,
+    /// A registration's heal waits out its lease's grant when stopped (the stop waits for it),
+    /// then writes the key: seconds after the stop was asked, over a newer incarnation's key
+    /// in a rolling restart. Caught by L7 (a write of the host key sent after the stop was
+    /// asked).
+    HealOutlivesTheStop,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 20] = [
+    pub const ALL: [Bug; 21] = [
         Bug::CampaignSkipsOwnKeyCheck,
         Bug::WatcherResumesFromNow,
         Bug::WatcherIgnoresCompaction,
@@ -105,6 +110,7 @@ impl Bug {
         Bug::FailoverStaysOnNoLeader,
         Bug::SemaphoreWaiterNeverWakes,
         Bug::ResignIgnoresNewerCampaign,
+        Bug::HealOutlivesTheStop,
     ];
 
     /// A stable name for command lines and reports.
@@ -130,6 +136,7 @@ impl Bug {
             Bug::FailoverStaysOnNoLeader => "failover-stays-on-no-leader",
             Bug::SemaphoreWaiterNeverWakes => "semaphore-waiter-never-wakes",
             Bug::ResignIgnoresNewerCampaign => "resign-ignores-newer-campaign",
+            Bug::HealOutlivesTheStop => "heal-outlives-the-stop",
         }
     }
 

@@ -28,6 +28,7 @@ use crate::coord_locker::{
 };
 use crate::fenced_act::write_through;
 use crate::history::{Happening, Part};
+use crate::host_key_writes::HostKeyWrites;
 use crate::keys::{election_name, host_key, metadata, work_key, HOSTS};
 use crate::rng::Rng;
 use crate::scenario::Scenario;
@@ -76,7 +77,9 @@ async fn run(node: Node) {
     if let Some(every) = s.renew_interval {
         config = config.with_renew_interval(every);
     }
-    let host = HostSession::new(node.store().clone(), config);
+    // The host's store records each write of the host key as it is sent (L7).
+    let store = HostKeyWrites::new(&node, &host_key(node.who().node));
+    let host = HostSession::new(Arc::new(store), config);
     let mut registration = Registration::start(&node, &host, 0);
     let watcher = (node.who().node < node.scenario().watchers)
         .then(|| tokio::spawn(follow_watcher(node.clone()).in_current_span()));

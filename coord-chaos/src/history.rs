@@ -141,6 +141,14 @@ pub enum Happening {
         /// The new metadata.
         value: String,
     },
+    /// coord's node sent a write of its host key (a put, or a transaction that may put it),
+    /// recorded as the call is made: the journal says when a write landed, this when it left.
+    HostKeyWriteSent {
+        /// Who.
+        who: Incarnation,
+        /// The host key.
+        key: String,
+    },
     /// The node believes it leads `election` with `token`.
     LeaderStart {
         /// Who.

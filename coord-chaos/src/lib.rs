@@ -92,6 +92,7 @@ mod driver;
 mod fault;
 mod fenced_act;
 mod history;
+mod host_key_writes;
 mod inprocess;
 mod keys;
 mod recorder;

@@ -625,7 +625,10 @@ type Held = (SessionHandle, (Revision, Revision));
 /// not put the key seconds after its stop was asked (by then a newer incarnation may hold the
 /// name). A put already sent is waited for, and `stop` removes what it wrote.
 async fn register(shared: &Shared, cancel: Option<&Stop>) -> Result<Held> {
-    let cancel = cancel.filter(|_| !crate::planted::enabled(crate::planted::Bug::StopSkipsTheHeal));
+    let cancel = cancel.filter(|_| {
+        !crate::planted::enabled(crate::planted::Bug::StopSkipsTheHeal)
+            && !crate::planted::enabled(crate::planted::Bug::HealOutlivesTheStop)
+    });
     let session = match cancel {
         Some(cancel) => tokio::select! {
             biased;

@@ -17,6 +17,49 @@ pub(super) fn l7_stops(run: &Run<'_>, out: &mut Vec<Violation>) {
     for stop in &run.beliefs.part_stops {
         part_stop(run, stop, out);
     }
+    no_host_key_sent_once_stopping(run, out);
+}
+
+/// Once a registration's stop was asked (the whole incarnation's, or the registration's
+/// own), the node sends no write of its host key until the registration starts again: a
+/// heal still waiting for its lease gives way, and only a write already sent may land (the
+/// stop removes it). A write sent in the instant the stop was asked counts as sent with it:
+/// the registration runs its writes as tasks of their own, and one decided before the stop
+/// may first run just after it, in the same instant.
+fn no_host_key_sent_once_stopping(run: &Run<'_>, out: &mut Vec<Violation>) {
+    let mut asked: std::collections::BTreeMap<Incarnation, Duration> = Default::default();
+    for r in &run.history.records {
+        match &r.what {
+            Happening::Stopping(who)
+            | Happening::PartStopping {
+                who,
+                part: Part::Registration,
+            } => {
+                asked.entry(*who).or_insert(r.at);
+            }
+            Happening::PartStarted {
+                who,
+                part: Part::Registration,
+            } => {
+                asked.remove(who);
+            }
+            Happening::HostKeyWriteSent { who, key } => {
+                if let Some(at) = asked.get(who).filter(|at| r.at > **at) {
+                    out.push(run.violation(
+                        "L7",
+                        r.at,
+                        &[*who],
+                        format!(
+                            "sent a write of {key} {:.3}s after the stop of its registration was asked (at {:.3}s)",
+                            (r.at - *at).as_secs_f64(),
+                            at.as_secs_f64()
+                        ),
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 /// The keys that stood at `at`, with the lease each stood under.
