@@ -340,6 +340,43 @@ async fn a_stop_during_a_heals_grant_writes_nothing_over_the_new_incarnation() {
     new.stop().await.unwrap();
 }
 
+/// A leader's watch on its own key, sent as a brief partition began, is lost: the link
+/// recovers, the session renews on, and an operator deletes the key. The leader learns of it
+/// within a renewal period of the link's recovery, not after the backend's request timeout
+/// (5 s here, longer than the 3 s TTL: the belief would outlive the key by more than τ).
+#[tokio::test(start_paused = true)]
+async fn a_leaders_watch_lost_in_a_brief_partition_is_sent_again_within_a_renewal_period() {
+    use coord_api::recipes::{ElectionPool, HostSession};
+    let ttl = Duration::from_secs(3);
+    let sim = SimStore::new();
+    let link = sim.connect();
+    let host = HostSession::new(dyn_store(&link), SessionConfig::default().with_ttl(ttl));
+    let pool = ElectionPool::on(&host);
+    let lead = pool.campaign("e", "a").await.unwrap();
+    // The leadership's watch goes out now, into the partition.
+    link.partition();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    link.repair();
+    let key = sim.get_prefix("e/").await.unwrap().kvs.remove(0).key;
+    sim.delete(coord_api::DeleteRequest::key(key))
+        .await
+        .unwrap();
+    let deleted = Instant::now();
+    within(
+        ttl / 3 + Duration::from_millis(500),
+        "the leader to learn its key was deleted",
+        lead.lost(),
+    )
+    .await;
+    assert!(
+        host.current().is_some_and(|s| !s.is_done()),
+        "the session lived on: only the watch could end the leadership ({:?} after the delete)",
+        deleted.elapsed()
+    );
+    drop(lead);
+    pool.stop().await.unwrap();
+}
+
 /// Who believes they lead, from when, until when (`None` while it lasts).
 type Beliefs = Arc<std::sync::Mutex<Vec<(&'static str, Instant, Option<Instant>)>>>;
 

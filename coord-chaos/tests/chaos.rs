@@ -110,7 +110,7 @@ fn seeded_runs_of_the_default_scenario_hold_every_invariant() {
 
 /// Every seed that ever failed, outside the range the test above runs, replayed on every CI
 /// run so that a fixed bug stays fixed.
-const REGRESSION_SEEDS: [u64; 56] = [
+const REGRESSION_SEEDS: [u64; 57] = [
     // A stop during a heal returned Ok and left the key under an abandoned lease (L7).
     1266,
     // A campaign's withdrawal, retried until it landed, deleted the node's next leader key
@@ -169,6 +169,10 @@ const REGRESSION_SEEDS: [u64; 56] = [
     // replies, put its key over the new incarnation's 6.5 s after the stop was asked, then
     // removed it (L2: the new one's registration left its lease).
     119260,
+    // A leader's watch on its own key, sent as a brief partition began, was lost; the
+    // session renewed on, and the leader believed for 4.5 s after an operator deleted its key
+    // (the backend's 5 s request timeout; S3 allows τ + RTT).
+    169227,
 ];
 
 #[test]

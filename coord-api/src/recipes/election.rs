@@ -9,7 +9,9 @@
 //!   time of the last acknowledged renewal + TTL, which the server's expiry cannot precede)
 //!   or when the key is seen deleted. So a leader that is cut off stops believing no later
 //!   than the store could elect someone else, barring a process pause longer than the TTL,
-//!   which only fencing covers.
+//!   which only fencing covers. The key's watch is sent again when it goes unanswered for a
+//!   third of the TTL, so a deletion is seen within about that of the link answering again,
+//!   even when the watch request was lost and the session renewed on.
 //!
 //! And what a new leader is guaranteed: [`Election::campaign`] hands a leadership out only
 //! with at least half its session's TTL left before the deadline, renewing first if less is
@@ -862,12 +864,16 @@ async fn watch_loss(
     lost: Arc<watch::Sender<Option<LossReason>>>,
 ) {
     let mut ended = lost.subscribe();
+    // A watch lost on a link that recovered must not leave the belief standing past a
+    // deletion for the backend's request timeout: the session, renewing meanwhile, would not
+    // end it.
     let mut follow = Follow::new(
         store,
         key.key.clone(),
         key.token + 1,
         Some((key.token, key.token)),
-    );
+    )
+    .answered_within(session.ttl() / 3);
     let why = tokio::select! {
         biased;
         _ = ended.wait_for(Option::is_some) => return,

@@ -6,9 +6,15 @@
 //! compaction, a member going away) it re-reads the key and reports what changed in the gap,
 //! then watches again, backing off while the store does not answer. It never gives up: the
 //! caller bounds the wait (by a session's end, a cancellation).
+//!
+//! A holder that believes something while the key stands (a leader, a registration) follows
+//! it [`answered_within`](Follow::answered_within) a renewal period: a watch request lost on
+//! a link that then recovered would otherwise wait out the backend's request timeout, and
+//! the holder's session, renewing on the same link, would not end the belief meanwhile.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -39,6 +45,8 @@ pub(crate) struct Follow {
     stream: Option<WatchStream>,
     pending: VecDeque<Change>,
     backoff: Backoff,
+    /// How long a watch request or a read may go unanswered before it is sent again.
+    answered_within: Option<Duration>,
 }
 
 impl Follow {
@@ -60,7 +68,15 @@ impl Follow {
             stream: None,
             pending: VecDeque::new(),
             backoff: retry::store_backoff(seed),
+            answered_within: None,
         }
+    }
+
+    /// Sends a watch request or a read again when it goes unanswered for `bound` (see the
+    /// module docs), rather than wait out the backend's request timeout.
+    pub(crate) fn answered_within(mut self, bound: Duration) -> Self {
+        self.answered_within = Some(bound);
+        self
     }
 
     /// The next change to the key.
@@ -72,7 +88,7 @@ impl Follow {
             }
             let Some(stream) = self.stream.as_mut() else {
                 let req = WatchRequest::key(self.key.to_vec()).with_start_revision(self.from);
-                match self.store.watch(req).await {
+                match bounded(self.answered_within, "watch", self.store.watch(req)).await {
                     Ok(s) => {
                         self.stream = Some(s);
                         // A watch from the past is caught up only on the store's next sync
@@ -123,7 +139,12 @@ impl Follow {
     /// Reads the key and reports how it differs from what was last reported; watches resume
     /// after the read's revision.
     async fn reread(&mut self) {
-        let read = self.store.get(GetRequest::key(self.key.to_vec())).await;
+        let read = bounded(
+            self.answered_within,
+            "get",
+            self.store.get(GetRequest::key(self.key.to_vec())),
+        )
+        .await;
         let r = match read {
             Ok(r) => r,
             Err(e) => {
@@ -161,5 +182,24 @@ impl Follow {
                 Change::Put(_) => {}
             }
         }
+    }
+}
+
+/// `call`, given up on after `bound` (see [`Follow::answered_within`]).
+async fn bounded<T>(
+    bound: Option<Duration>,
+    operation: &'static str,
+    call: impl std::future::Future<Output = crate::Result<T>>,
+) -> crate::Result<T> {
+    let Some(bound) = bound else {
+        return call.await;
+    };
+    match tokio::time::timeout(bound, call).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Unavailable {
+            backend: "coord",
+            operation,
+            source: format!("no answer within {bound:?}").into(),
+        }),
     }
 }

@@ -783,7 +783,8 @@ async fn hold(
         shared.config.key.clone().into_bytes(),
         modified.next(),
         Some((created, modified)),
-    );
+    )
+    .answered_within(session.ttl() / 3);
     // One wait for the session's end, for the hold's life: each metadata update comes back
     // as a change to the followed key, and a fresh wait per change subscribed to the session
     // and read the clock again.
