@@ -619,11 +619,11 @@ impl Drop for HostRegistration {
 /// A registered key: its session, and the key's create and mod revisions.
 type Held = (SessionHandle, (Revision, Revision));
 
-/// Takes the host's live session, publishes its lease, then writes the key under it.
-/// Registers under the host's session. A stop that comes while the lease is still being
-/// granted ends the attempt before anything is written: a heal held up by a slow grant must
-/// not put the key seconds after its stop was asked (by then a newer incarnation may hold the
-/// name). A put already sent is waited for, and `stop` removes what it wrote.
+/// Takes the host's live session, publishes its lease, then writes the key under it. A stop
+/// (`cancel`) that comes while the lease is still being granted ends the attempt before
+/// anything is written: a heal held up by a slow grant must not put the key seconds after its
+/// stop was asked (by then a newer incarnation may hold the name). A put already sent is
+/// waited for, and `stop` removes what it wrote.
 async fn register(shared: &Shared, cancel: Option<&Stop>) -> Result<Held> {
     let cancel = cancel.filter(|_| {
         !crate::planted::enabled(crate::planted::Bug::StopSkipsTheHeal)
