@@ -249,6 +249,22 @@ async fn the_same_seed_replays_the_same_history() {
     assert_ne!(a, c);
 }
 
+/// Waits (up to two TTLs) for `reg`'s session to end and its heal to start.
+async fn healing(reg: &HostRegistration) {
+    let mut status = reg.subscribe();
+    within(
+        TTL * 2,
+        "the session to expire and the heal to start",
+        async {
+            status
+                .wait_for(|s| matches!(s, RegistrationStatus::Healing { .. }))
+                .await
+                .unwrap()
+        },
+    )
+    .await;
+}
+
 /// Issue 10, bug 3: a registration whose session expired at its local deadline while its
 /// renewals kept arriving (replies lost, a one-way partition) leaves its lease alive at the
 /// store, and the key with it. A stop that lands before the heal re-puts the key must still
@@ -264,19 +280,8 @@ async fn a_stop_during_a_heal_removes_the_key_left_under_an_abandoned_lease() {
     .await
     .unwrap();
     let old = reg.lease_id();
-    let mut status = reg.subscribe();
     client.partition_oneway();
-    within(
-        TTL * 2,
-        "the session to expire and the heal to start",
-        async {
-            status
-                .wait_for(|s| matches!(s, RegistrationStatus::Healing { .. }))
-                .await
-                .unwrap()
-        },
-    )
-    .await;
+    healing(&reg).await;
     // The renewals arrived: the store still holds the lease, and the key under it.
     assert!(sim.time_to_live(old).await.is_ok());
     assert_eq!(sim.get_key("hosts/a").await.unwrap().unwrap().lease, old);
@@ -305,16 +310,9 @@ async fn a_stop_during_a_heals_grant_writes_nothing_over_the_new_incarnation() {
     )
     .await
     .unwrap();
-    let mut status = old.subscribe();
     // Cut off with everything held: its session ends at its deadline, its heal's grant waits.
     old_link.hold();
-    within(TTL * 2, "the old incarnation to start healing", async {
-        status
-            .wait_for(|s| matches!(s, RegistrationStatus::Healing { .. }))
-            .await
-            .unwrap()
-    })
-    .await;
+    healing(&old).await;
     let new = HostRegistration::start(
         dyn_store(&sim.connect()),
         RegistrationConfig::new("hosts/a", "new").with_ttl(TTL),
