@@ -15,6 +15,11 @@ pub(crate) const BACKEND: &str = "etcd";
 pub(crate) enum Kind {
     Read,
     Write,
+    /// A lease grant: a write whose caller (a session being set up) wants a lease, not an
+    /// early error. It waits for its answer even on a connection found dead under it: a
+    /// stalled member answers it when it resumes, and a grant answered late is still a lease
+    /// (the session counts its TTL from the send).
+    Grant,
 }
 
 /// Messages that mean the request never reached a server that could apply it.
@@ -43,7 +48,7 @@ fn unavailable(op: &'static str, source: impl Into<coord_api::BoxError>) -> Erro
 fn in_doubt(op: &'static str, kind: Kind, source: impl Into<coord_api::BoxError>) -> Error {
     match kind {
         Kind::Read => unavailable(op, source),
-        Kind::Write => Error::Indeterminate {
+        Kind::Write | Kind::Grant => Error::Indeterminate {
             backend: BACKEND,
             operation: op,
             source: source.into(),
