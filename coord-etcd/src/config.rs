@@ -120,10 +120,7 @@ impl EtcdConfig {
     }
 
     /// How long one call may take, retries included. A write that times out is reported as
-    /// [`Error::Indeterminate`], as is one whose connection is found dead while it waits for
-    /// its answer (then at once: a connection that answers nothing for a second while a
-    /// request waits on it is asked for the member's status, and left if it does not answer
-    /// that within a second). A lease grant waits for its answer until this timeout.
+    /// [`Error::Indeterminate`].
     pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
         self.request_timeout = timeout;
         self

@@ -15,11 +15,6 @@ pub(crate) const BACKEND: &str = "etcd";
 pub(crate) enum Kind {
     Read,
     Write,
-    /// A lease grant: a write whose caller (a session being set up) wants a lease, not an
-    /// early error. It waits for its answer even on a connection found dead under it: a
-    /// stalled member answers it when it resumes, and a grant answered late is still a lease
-    /// (the session counts its TTL from the send).
-    Grant,
 }
 
 /// Messages that mean the request never reached a server that could apply it.
@@ -48,7 +43,7 @@ fn unavailable(op: &'static str, source: impl Into<coord_api::BoxError>) -> Erro
 fn in_doubt(op: &'static str, kind: Kind, source: impl Into<coord_api::BoxError>) -> Error {
     match kind {
         Kind::Read => unavailable(op, source),
-        Kind::Write | Kind::Grant => Error::Indeterminate {
+        Kind::Write => Error::Indeterminate {
             backend: BACKEND,
             operation: op,
             source: source.into(),

@@ -335,7 +335,7 @@ impl KvLeaseStore for EtcdStore {
             .pool
             .call(
                 "grant",
-                Kind::Grant,
+                Kind::Write,
                 &secs.to_le_bytes(),
                 |mut c| async move { c.lease_grant(secs, None).await },
             )
