@@ -1,7 +1,7 @@
 //! One fault driver for every world: when each fault starts and ends, how overlapping faults
-//! of one kind on one node nest (the link is repaired when the last one ends), and what each
-//! does, in the terms of [`World`], which the in-process store and the turmoil network both
-//! implement.
+//! of one kind on one node nest (the link is repaired when the last one ends; a link with
+//! several latency faults in force adds the largest of them), and what each does, in the
+//! terms of [`World`], which the in-process store and the turmoil network both implement.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -107,6 +107,8 @@ enum Nest {
 #[derive(Debug, Default)]
 pub(crate) struct Driver {
     counts: BTreeMap<(Nest, usize), u32>,
+    /// The added latencies of the latency and slow-replies faults in force, per node.
+    added: BTreeMap<(Nest, usize), Vec<Duration>>,
     /// The member fault in force and the member it hit: one at a time, so that a majority
     /// always serves (a fault drawn while another is in force does nothing).
     member_fault: Option<(Fault, usize)>,
@@ -123,6 +125,23 @@ impl Driver {
             *c = c.saturating_sub(1);
             *c == 0
         }
+    }
+
+    /// Counts a latency fault (`Nest::Latency` or `Nest::SlowReplies`) in or out; returns
+    /// the latency the node's link must add now: the largest of its faults of that kind in
+    /// force, as the checkers' reply windows assume. (The latest to start used to stay in
+    /// force until the last ended: a short slow-replies fault of +1.47 s inside a long one of
+    /// +0.51 s kept delaying replies by 1.47 s after it ended, past what the checkers allow
+    /// for: `--defaults` seed 2004722's false P3.)
+    fn added(&mut self, nest: Nest, node: usize, f: &Fault, into: bool) -> Duration {
+        let in_force = self.added.entry((nest, node)).or_default();
+        let added = f.added_latency();
+        if into {
+            in_force.push(added);
+        } else if let Some(i) = in_force.iter().position(|d| *d == added) {
+            in_force.swap_remove(i);
+        }
+        in_force.iter().copied().max().unwrap_or_default()
     }
 
     /// The heal instant: every fault is over, including replies still due to be lost (a
@@ -168,12 +187,12 @@ impl Driver {
                 }
             }
             FaultKind::Latency => {
-                self.nest(Nest::Latency, n, true);
-                w.latency(n, f.added_latency());
+                let added = self.added(Nest::Latency, n, f, true);
+                w.latency(n, added);
             }
             FaultKind::SlowReplies => {
-                self.nest(Nest::SlowReplies, n, true);
-                w.reply_latency(n, f.added_latency());
+                let added = self.added(Nest::SlowReplies, n, f, true);
+                w.reply_latency(n, added);
             }
             FaultKind::LostReplies => w.lose_replies(n, f.length.as_millis() as u32),
             FaultKind::CloseStreams => w.close_streams(),
@@ -249,14 +268,12 @@ impl Driver {
                 }
             }
             FaultKind::Latency => {
-                if self.nest(Nest::Latency, n, false) {
-                    w.latency(n, Duration::ZERO);
-                }
+                let added = self.added(Nest::Latency, n, f, false);
+                w.latency(n, added);
             }
             FaultKind::SlowReplies => {
-                if self.nest(Nest::SlowReplies, n, false) {
-                    w.reply_latency(n, Duration::ZERO);
-                }
+                let added = self.added(Nest::SlowReplies, n, f, false);
+                w.reply_latency(n, added);
             }
             FaultKind::StoreCrash => {
                 if self.nest(Nest::Store, 0, false) {
@@ -290,5 +307,72 @@ impl Driver {
             | FaultKind::Restart
             | FaultKind::Stop => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A world that keeps the reply latency of each node's link and ignores the rest.
+    #[derive(Default)]
+    struct Replies(BTreeMap<usize, Duration>);
+
+    impl World for Replies {
+        fn record(&mut self, _: Happening) {}
+        fn partition(&mut self, _: usize, _: bool) {}
+        fn partition_oneway(&mut self, _: usize, _: bool) {}
+        fn hold(&mut self, _: usize, _: bool) {}
+        fn pause(&mut self, _: usize, _: bool) {}
+        fn latency(&mut self, _: usize, _: Duration) {}
+        fn reply_latency(&mut self, node: usize, extra: Duration) {
+            self.0.insert(node, extra);
+        }
+        fn lose_replies(&mut self, _: usize, _: u32) {}
+        fn close_streams(&mut self) {}
+        fn leader_change(&mut self) {}
+        fn store_down(&mut self, _: bool) {}
+        fn compaction(&mut self, _: &Fault, _: bool) {}
+        fn operator(&mut self, _: &Fault) {}
+        fn crash(&mut self, _: usize) {}
+        fn recover(&mut self, _: usize) {}
+        fn rolling_restart(&mut self, _: usize) {}
+        fn stop_part(&mut self, _: usize, _: PartStopRequest) {}
+        fn members(&self) -> usize {
+            1
+        }
+        fn member_down(&mut self, _: usize, _: bool) {}
+        fn member_isolated(&mut self, _: Option<usize>) {}
+        fn leader(&mut self) -> Option<usize> {
+            Some(0)
+        }
+        fn transfer_leader(&mut self, _: usize) {}
+    }
+
+    fn slow_replies(at: u64, secs: u64, pick: u64) -> Fault {
+        Fault {
+            at: Duration::from_secs(at),
+            kind: FaultKind::SlowReplies,
+            node: 3,
+            length: Duration::from_secs(secs),
+            pick,
+        }
+    }
+
+    /// `--defaults` seed 2004722's faults: +511 ms for 20 s, and +1,470 ms for 4 s within it.
+    /// Each end leaves the largest delay still in force, never the last one set.
+    #[test]
+    fn overlapping_slow_replies_add_the_largest_delay_in_force() {
+        let long = slow_replies(100, 20, 14179843357140752261);
+        let short = slow_replies(101, 4, 16664440128777572020);
+        assert_eq!(long.added_latency(), Duration::from_millis(511));
+        assert_eq!(short.added_latency(), Duration::from_millis(1470));
+        let (mut driver, mut world) = (Driver::default(), Replies::default());
+        let mut seen = Vec::new();
+        for action in actions(&[long, short], |_| true) {
+            driver.apply(&mut world, &action);
+            seen.push((action.at.as_secs(), world.0[&3].as_millis()));
+        }
+        assert_eq!(seen, [(100, 511), (101, 1470), (105, 511), (120, 0)]);
     }
 }
