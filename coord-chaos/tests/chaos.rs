@@ -183,6 +183,27 @@ fn every_seed_that_ever_failed_holds_every_invariant() {
         .assert_clean();
 }
 
+/// Every seed of the library-defaults scenario (`chaos --defaults`: TTL 10 s, 300 s a seed)
+/// that ever failed.
+const DEFAULTS_REGRESSION_SEEDS: [u64; 2] = [
+    // A short slow-replies fault inside a long one left its larger delay in force after it
+    // ended, past the checkers' reply window (the fault driver was wrong: a false P3).
+    2004722,
+    // A stopped old incarnation's removal of its key tried an earlier lease of the host
+    // first; that compare's reply was lost, and the key stood 13 s past the new
+    // incarnation's registration (S7).
+    2012913,
+];
+
+#[test]
+fn every_library_defaults_seed_that_ever_failed_holds_every_invariant() {
+    Runner::new(CoordService)
+        .scenario(Scenario::defaults())
+        .replay_with(replay(" --defaults"))
+        .run(DEFAULTS_REGRESSION_SEEDS)
+        .assert_clean();
+}
+
 /// Sparse network blips (partitions both ways and one way, holds), stream closes and leader
 /// changes, so that most stand alone and L2 applies to them: no key lost, no belief ended, no
 /// lease changed.
