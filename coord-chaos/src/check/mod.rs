@@ -199,23 +199,37 @@ impl<'a> Run<'a> {
     }
 
     /// How long before `at` the store may have answered a reply that reached `node` at
-    /// `at`: [`rtt`](Self::rtt), plus the added delay of a slow-replies fault on the node
-    /// whose replies may still be arriving then (up to 1.5 s, more than `rtt` allows for).
+    /// `at` (and so how long before `at` a write of `node` landing then may have been sent):
+    /// [`rtt`](Self::rtt), plus the added delay of a slow-replies fault on the node whose
+    /// replies may still be arriving then (up to 1.5 s, more than `rtt` allows for), or back
+    /// to the start of a hold (or pause) of the node's traffic that ended within that: the
+    /// hold delivers what it held when it ends (`--defaults` seed 2019114: a confirming
+    /// read's reply, held 4 s, arrived after an operator's revoke of the key it confirmed).
     pub fn reply_window(&self, node: usize, at: Duration) -> Duration {
+        use crate::fault::FaultKind;
+        let on_node = |f: &&FaultSpan| f.fault.node == node && f.from <= at;
         let slow = self
             .beliefs
             .faults
             .iter()
+            .filter(on_node)
             .filter(|f| {
-                f.fault.kind == crate::fault::FaultKind::SlowReplies
-                    && f.fault.node == node
-                    && f.from <= at
+                f.fault.kind == FaultKind::SlowReplies
                     && at <= f.until + f.fault.added_latency() + self.rtt()
             })
             .map(|f| f.fault.added_latency())
             .max()
             .unwrap_or_default();
-        self.rtt() + slow
+        let window = self.rtt() + slow;
+        self.beliefs
+            .faults
+            .iter()
+            .filter(on_node)
+            .filter(|f| {
+                matches!(f.fault.kind, FaultKind::Hold | FaultKind::Pause) && at <= f.until + window
+            })
+            .map(|f| at - f.from + window)
+            .fold(window, Duration::max)
     }
 
     /// A violation of `invariant`.

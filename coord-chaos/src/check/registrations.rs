@@ -444,7 +444,7 @@ pub(super) fn m1_latest_metadata(run: &Run<'_>, out: &mut Vec<Violation>) {
                         .iter()
                         .find(|(g, _)| *g > wrote)
                         .map_or(Duration::ZERO, |(_, at)| *at);
-                    if superseded + in_flight_window(run, who.node, r.at) >= r.at {
+                    if superseded + run.reply_window(who.node, r.at) >= r.at {
                         continue;
                     }
                     out.push(run.violation(
@@ -454,7 +454,7 @@ pub(super) fn m1_latest_metadata(run: &Run<'_>, out: &mut Vec<Violation>) {
                         format!(
                             "wrote {key} with metadata generation {wrote} at revision {revision}, {:.3}s after an update replaced it (latest: {latest}; a write sent before could land {:.3}s after)",
                             (r.at - superseded).as_secs_f64(),
-                            in_flight_window(run, who.node, r.at).as_secs_f64()
+                            run.reply_window(who.node, r.at).as_secs_f64()
                         ),
                     ));
                 }
@@ -462,22 +462,4 @@ pub(super) fn m1_latest_metadata(run: &Run<'_>, out: &mut Vec<Violation>) {
             _ => {}
         }
     }
-}
-
-/// How long before `at` a write of `node` that lands at `at` may have been sent: a reply
-/// window, or from the start of a hold of the node's traffic that ended within one (the
-/// hold delivers what it held when it ends).
-fn in_flight_window(run: &Run<'_>, node: usize, at: Duration) -> Duration {
-    let window = run.reply_window(node, at);
-    run.beliefs
-        .faults
-        .iter()
-        .filter(|f| {
-            f.fault.kind == FaultKind::Hold
-                && f.fault.node == node
-                && f.from <= at
-                && at <= f.until + window
-        })
-        .map(|f| at - f.from + window)
-        .fold(window, Duration::max)
 }
