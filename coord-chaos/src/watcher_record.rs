@@ -10,7 +10,7 @@ use coord_api::recipes::{ClusterEvent, ClusterView, ClusterWatcher};
 use crate::history::{Emitted, Happening, Incarnation};
 
 /// Records, through `record`, every view `watcher` publishes and every event it emits, as
-/// incarnation `who`'s, until `stop` completes (then the events it had queued) or the
+/// incarnation `who`'s, until `stop` completes (then the events it had not handed out) or the
 /// watcher ends.
 pub async fn record_watcher(
     mut watcher: ClusterWatcher,

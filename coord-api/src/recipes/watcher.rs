@@ -350,6 +350,8 @@ where
 pub struct ClusterWatcher {
     view: watch::Receiver<Arc<ClusterView>>,
     events: mpsc::Receiver<ClusterEvent>,
+    /// The events the view holds that are not in the channel yet: a stop hands them back.
+    outbox: Outbox,
     task: Task,
 }
 
@@ -384,12 +386,13 @@ impl ClusterWatcher {
             published: None,
             written: None,
             tx,
-            backlog: Vec::new(),
+            outbox: Outbox::default(),
             backoff: retry::store_backoff(seed),
         };
         // The first listing becomes the view now, and its HostUp events are queued; those
-        // that do not fit the buffer are emitted by the task once the caller holds the
-        // receiver (waiting for room here would never end: nobody reads yet).
+        // that do not fit the buffer wait in the outbox for the task, which moves them once
+        // the caller holds the receiver (waiting for room here would never end: nobody
+        // reads yet).
         let (revision, hosts) = w.list().await?;
         w.view = ClusterView {
             revision,
@@ -398,25 +401,26 @@ impl ClusterWatcher {
             step: None,
         };
         w.publish();
-        let mut first = w
-            .view
-            .hosts
-            .iter()
-            .map(|(host, metadata)| ClusterEvent::HostUp {
-                host: host.to_string(),
-                metadata: metadata.clone(),
-                revision,
-            });
-        for e in first.by_ref() {
-            if let Err(mpsc::error::TrySendError::Full(e)) = w.tx.try_send(e) {
-                w.backlog.push(e);
-                break;
-            }
-        }
-        w.backlog.extend(first);
+        w.outbox.push(
+            w.view
+                .hosts
+                .iter()
+                .map(|(host, metadata)| ClusterEvent::HostUp {
+                    host: host.to_string(),
+                    metadata: metadata.clone(),
+                    revision,
+                }),
+        );
+        w.outbox.move_ready(&w.tx);
+        let outbox = w.outbox.clone();
         let span = tracing::info_span!("cluster_watcher", prefix = %w.config.prefix);
         let task = Task::spawn_abortable(span, w.run());
-        Ok(ClusterWatcher { view, events, task })
+        Ok(ClusterWatcher {
+            view,
+            events,
+            outbox,
+            task,
+        })
     }
 
     /// The current view.
@@ -439,14 +443,17 @@ impl ClusterWatcher {
         futures::stream::unfold(self, |mut w| async move { w.next().await.map(|e| (e, w)) }).boxed()
     }
 
-    /// Stops the watcher and returns the events it had queued but not yet handed out (the
-    /// view already holds them).
+    /// Stops the watcher and returns the events it had not yet handed out, in order: with
+    /// those handed out before, they give exactly the last view, however the stop fell
+    /// (a re-list's difference stopped half-way comes back whole, with its `Resynced`).
     pub async fn stop(mut self) -> Vec<ClusterEvent> {
         self.task.stop().await;
         let mut queued = Vec::new();
         while let Ok(e) = self.events.try_recv() {
             queued.push(e);
         }
+        // The task is gone: what it had not moved to the channel came after all of it.
+        queued.extend(self.outbox.take());
         queued
     }
 }
@@ -464,11 +471,50 @@ struct Worker {
     published: Option<Published>,
     written: Option<Vec<Written>>,
     tx: mpsc::Sender<ClusterEvent>,
-    /// The first listing's events that did not fit the buffer at start.
-    backlog: Vec<ClusterEvent>,
+    /// The events the view holds on their way to the channel.
+    outbox: Outbox,
     /// Between attempts to reach the store (re-open, re-list).
     backoff: Backoff,
     gauges: crate::metrics::record::WatcherGauges,
+}
+
+/// The events a watcher's view holds on their way to its channel, shared with the handle so
+/// that a stop hands back what the task had not moved yet.
+#[derive(Debug, Clone, Default)]
+struct Outbox(Arc<std::sync::Mutex<std::collections::VecDeque<ClusterEvent>>>);
+
+impl Outbox {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::VecDeque<ClusterEvent>> {
+        // Nothing panics while holding it; a poisoned queue is still a queue.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn push(&self, events: impl IntoIterator<Item = ClusterEvent>) {
+        self.lock().extend(events);
+    }
+
+    fn pop(&self) -> Option<ClusterEvent> {
+        self.lock().pop_front()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    fn take(&self) -> std::collections::VecDeque<ClusterEvent> {
+        std::mem::take(&mut *self.lock())
+    }
+
+    /// Moves what fits into the channel without waiting.
+    fn move_ready(&self, tx: &mpsc::Sender<ClusterEvent>) {
+        let mut q = self.lock();
+        while !q.is_empty() {
+            let Ok(permit) = tx.try_reserve() else { break };
+            if let Some(e) = q.pop_front() {
+                permit.send(e);
+            }
+        }
+    }
 }
 
 /// The most watch batches taken together for one snapshot of the view.
@@ -518,12 +564,32 @@ impl Worker {
         Ok((r.revision, hosts))
     }
 
-    async fn emit(&self, e: ClusterEvent) {
-        crate::sync::explore::point().await;
-        // A consumer that went away is not an error; the task ends when stopped. With room
-        // in the buffer (nearly always) the event goes in at once, without a wait for a slot.
-        if let Err(mpsc::error::TrySendError::Full(e)) = self.tx.try_send(e) {
-            let _ = self.tx.send(e).await;
+    /// Hands `events` to the consumer, in order. They enter the outbox first, all at once,
+    /// and leave it one at a time as the channel has room: a stop that falls in between
+    /// (the task is dropped where it waits) finds the rest there, not lost.
+    async fn emit(&self, events: impl IntoIterator<Item = ClusterEvent>) {
+        self.outbox.push(events);
+        self.flush().await;
+    }
+
+    /// Moves the outbox into the channel, waiting for room.
+    async fn flush(&self) {
+        while !self.outbox.is_empty() {
+            crate::sync::explore::point().await;
+            // With room in the buffer (nearly always) the slot is there at once.
+            let permit = match self.tx.try_reserve() {
+                Ok(p) => p,
+                Err(mpsc::error::TrySendError::Full(())) => match self.tx.reserve().await {
+                    Ok(p) => p,
+                    // A consumer that went away is not an error; the task ends when stopped.
+                    Err(_) => return,
+                },
+                Err(mpsc::error::TrySendError::Closed(())) => return,
+            };
+            // No wait between taking the event and sending it: a stop never falls between.
+            if let Some(e) = self.outbox.pop() {
+                permit.send(e);
+            }
         }
     }
 
@@ -600,18 +666,14 @@ impl Worker {
         // The view first, then the events it explains: a consumer that reads an event and
         // then the view finds the event in it (the emits below may wait for the consumer).
         self.publish();
-        for e in out {
-            self.emit(e).await;
-        }
+        self.emit(out).await;
     }
 
     /// Follows the prefix until stopped. Stopped by being dropped where it waits
     /// ([`Task::spawn_abortable`]): it holds nothing a stop must let go of, and a stop while
     /// it waits for the consumer to make room ends it at once.
     async fn run(mut self) {
-        for e in std::mem::take(&mut self.backlog) {
-            self.emit(e).await;
-        }
+        self.flush().await;
         // Every watch starts at the last revision seen, the listing's or an event's, never
         // the one after it (see the module docs).
         let mut from = self.view.revision.max(Revision(1));
@@ -788,14 +850,10 @@ impl Worker {
             // The view first, then the events it explains: a consumer that reads an event
             // and then the view finds the event in it.
             if crate::planted::enabled(crate::planted::Bug::WatcherEmitsBeforePublish) {
-                for e in out.drain(..) {
-                    self.emit(e).await;
-                }
+                self.emit(out.drain(..)).await;
             }
             self.publish();
-            for e in out.drain(..) {
-                self.emit(e).await;
-            }
+            self.emit(out.drain(..)).await;
             if let Some(b) = broken {
                 return b;
             }

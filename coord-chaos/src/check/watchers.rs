@@ -149,14 +149,13 @@ pub(super) fn s4_s5_watchers(run: &Run<'_>, out: &mut Vec<Violation>) {
         }
     }
     // Exactness: every truth transition after the first listing and up to the last view is
-    // emitted at its own revision, unless a resync window covers it. A watcher stopped (or
-    // crashed) may have published a view whose events it was then stopped before emitting:
-    // `stop` freezes the view and keeps only what was queued; it is judged up to what it
+    // emitted at its own revision, unless a resync window covers it. A stopped watcher hands
+    // back every event its view holds, so it is judged up to its last view; a crashed one
+    // may have published a view whose events died with it, and is judged up to what it
     // emitted.
     for (who, w) in &ws {
         let Some(first) = w.first else { continue };
-        let ended = run.beliefs.stopping.contains_key(who) || run.beliefs.crashed.contains_key(who);
-        let reached = if ended {
+        let reached = if run.beliefs.crashed.contains_key(who) {
             w.revision.min(w.emitted)
         } else {
             w.revision

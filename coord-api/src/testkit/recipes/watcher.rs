@@ -220,20 +220,44 @@ pub async fn watcher_starts_on_more_hosts_than_its_buffer(fx: &dyn Fixture) {
     ));
 }
 
+/// The events a stopped watcher handed back give exactly its last view, applied after
+/// those read before the stop (`read`, as a map).
+fn assert_stop_completes_the_view(
+    mut read: BTreeMap<String, Bytes>,
+    queued: &[ClusterEvent],
+    last: &crate::recipes::ClusterView,
+) {
+    for e in queued {
+        apply(&mut read, e);
+    }
+    let view: BTreeMap<String, Bytes> = last
+        .hosts()
+        .map(|(h, m)| (h.to_string(), m.clone()))
+        .collect();
+    assert_eq!(read, view, "read and handed back {queued:?}");
+}
+
 /// A consumer that reads nothing leaves the task waiting for room in the buffer: a stop
-/// must still end it at once, and hand back what was queued.
+/// must still end it at once, and hand back every event the view holds that the consumer
+/// did not read, not just the buffer's worth.
 pub async fn watcher_stops_while_its_consumer_reads_nothing(fx: &dyn Fixture) {
     let store = fx.store();
     let config = twenty_hosts_for_a_buffer_of_four(&store, "full/").await;
     let w = ClusterWatcher::start(store.clone(), config).await.unwrap();
     store.put_value("full/late", "m").await.unwrap();
+    let view = w.subscribe_view();
     let queued = within(prompt(fx), "the stop of a watcher nobody reads", w.stop()).await;
-    assert_eq!(queued.len(), 4, "the buffer's worth was queued: {queued:?}");
+    assert!(
+        queued.len() >= 20,
+        "the first listing's 20 HostUp: {queued:?}"
+    );
+    assert_stop_completes_the_view(BTreeMap::new(), &queued, &view.get());
 }
 
 /// A consumer that reads nothing while the watcher re-lists (its resume point compacted
 /// away) leaves the task waiting for room in the middle of the re-list's events: a stop must
-/// still end it at once.
+/// still end it at once, and hand back the rest of the difference with its `Resynced` (the
+/// view holds it all).
 pub async fn watcher_stops_while_a_relist_waits_for_its_consumer(fx: &dyn Fixture) {
     let store = fx.store();
     let client = fx.client().await;
@@ -265,12 +289,17 @@ pub async fn watcher_stops_while_a_relist_waits_for_its_consumer(fx: &dyn Fixtur
         },
     )
     .await;
-    within(
+    let queued = within(
         prompt(fx),
         "the stop of a watcher blocked in a re-list",
         w.stop(),
     )
     .await;
+    assert!(
+        matches!(queued.last(), Some(ClusterEvent::Resynced { .. })),
+        "the re-list's difference ends in its marker: {queued:?}"
+    );
+    assert_stop_completes_the_view(BTreeMap::new(), &queued, &view.get());
 }
 
 /// Whoever reads an event and then the view finds the event's change in it.
