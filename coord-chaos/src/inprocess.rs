@@ -34,6 +34,11 @@ struct LinkFaults {
 struct Slot {
     inc: u32,
     client: SimStore,
+    /// The clients of older incarnations still stopping after a rolling restart: on the
+    /// same host, under the same link faults. (They kept the faults in force at the restart:
+    /// an old incarnation's replies stayed 1.2 s slow after the node's slow-replies fault
+    /// ended, past the checkers' reply window: `--defaults` seed 2029452's false S1 and S3.)
+    stopping: Vec<SimStore>,
     task: Option<JoinHandle<()>>,
     control: NodeControl,
     faults: LinkFaults,
@@ -43,24 +48,25 @@ struct Slot {
 
 impl Slot {
     fn apply_link(&self) {
-        let c = &self.client;
-        if self.faults.cut || self.crashed {
-            c.partition()
-        } else {
-            c.repair()
+        for c in std::iter::once(&self.client).chain(&self.stopping) {
+            if self.faults.cut || self.crashed {
+                c.partition()
+            } else {
+                c.repair()
+            }
+            if self.faults.deaf {
+                c.partition_oneway()
+            } else {
+                c.repair_oneway()
+            }
+            if self.faults.held {
+                c.hold()
+            } else {
+                c.release()
+            }
+            c.set_latency(self.faults.latency);
+            c.set_reply_latency(self.faults.reply_latency);
         }
-        if self.faults.deaf {
-            c.partition_oneway()
-        } else {
-            c.repair_oneway()
-        }
-        if self.faults.held {
-            c.hold()
-        } else {
-            c.release()
-        }
-        c.set_latency(self.faults.latency);
-        c.set_reply_latency(self.faults.reply_latency);
     }
 }
 
@@ -154,6 +160,7 @@ impl InProcess {
         Slot {
             inc,
             client,
+            stopping: Vec::new(),
             task: Some(task),
             control,
             faults: LinkFaults::default(),
@@ -167,6 +174,7 @@ impl InProcess {
     fn install(&self, n: usize, mut fresh: Slot) -> Slot {
         let mut slots = self.slots();
         fresh.faults = slots[n].faults;
+        fresh.stopping = std::mem::take(&mut slots[n].stopping);
         fresh.apply_link();
         std::mem::replace(&mut slots[n], fresh)
     }
@@ -190,6 +198,8 @@ impl InProcess {
         let fresh = self.start(n, inc, paused);
         let mut ready = fresh.control.ready.clone();
         let mut old = self.install(n, fresh);
+        let old_client = old.client.client_id();
+        self.slots()[n].stopping.push(old.client.clone());
         // Bounded: a new incarnation that cannot come up (its link is faulty) does not keep
         // the old one alive forever.
         let _ = tokio::time::timeout(self.scenario.ttl * 2, ready.wait_for(|r| *r)).await;
@@ -197,6 +207,9 @@ impl InProcess {
         if let Some(task) = old.task.take() {
             let _ = task.await;
         }
+        self.slots()[n]
+            .stopping
+            .retain(|c| c.client_id() != old_client);
     }
 }
 
