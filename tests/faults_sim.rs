@@ -947,3 +947,44 @@ async fn a_stop_ends_the_keys_under_a_lease_whose_revoke_is_still_on_its_way() {
         );
     }
 }
+
+/// A registration that finds its key under its own lease with older metadata rewrites it,
+/// but not once its stop was asked: the stop removes the key anyway, and a write sent after
+/// the stop may land after the name went to a newer incarnation (L7). Here the stop comes
+/// while the first put's answer (the key found, stale) is on its way back.
+#[tokio::test(start_paused = true)]
+async fn a_registration_stopped_while_its_put_is_answered_sends_no_rewrite() {
+    use coord_api::recipes::HostSession;
+    use coord_api::{EventKind, WatchRequest};
+    use futures::StreamExt;
+    let sim = SimStore::new();
+    let client = sim.connect();
+    let host = HostSession::new(dyn_store(&client), SessionConfig::default().with_ttl(TTL));
+    let lease = host.session().await.unwrap().lease();
+    client
+        .put(PutRequest::new("hosts/a", "stale").with_lease(lease))
+        .await
+        .unwrap();
+    let stale = sim.get_key("hosts/a").await.unwrap().unwrap();
+    client.set_reply_latency(Duration::from_secs(1));
+    let reg = HostRegistration::spawn_on(&host, RegistrationConfig::new("hosts/a", "m")).unwrap();
+    // Its put is on the wire, its answer a second away, when the stop is asked.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    within(TTL, "the stop", reg.stop()).await.unwrap();
+    let mut after = sim
+        .watch(WatchRequest::key("hosts/a").with_start_revision(stale.mod_revision.next()))
+        .await
+        .unwrap();
+    let batch = within(TTL, "the key's next change", after.next())
+        .await
+        .unwrap()
+        .unwrap();
+    let first = &batch.events[0];
+    assert_eq!(
+        (first.kind, first.kv.value.as_ref()),
+        (EventKind::Delete, &b""[..]),
+        "the key's next change after the stale put is the stop's delete"
+    );
+    client.set_reply_latency(Duration::ZERO);
+    host.stop().await.unwrap();
+}

@@ -194,8 +194,10 @@ impl Shared {
     /// finish (its put may be waiting out a lost reply), and never writes over a newer value;
     /// an update waits for the heal writes in flight. Found with older metadata (a heal write
     /// that landed after its caller gave up on it), it is brought up to date
-    /// ([`bring_up_to_date`](Self::bring_up_to_date)).
-    async fn put(&self, lease: LeaseId) -> Result<(Revision, Revision)> {
+    /// ([`bring_up_to_date`](Self::bring_up_to_date)), unless `stop` was asked meanwhile:
+    /// the stop removes the key, and a write sent after it was asked may land after the
+    /// name went to a newer incarnation.
+    async fn put(&self, lease: LeaseId, stop: Option<&Stop>) -> Result<(Revision, Revision)> {
         let in_flight = self.heal_writes.clone().read_owned().await;
         let metadata = if crate::planted::enabled(crate::planted::Bug::HealWritesFirstMetadata) {
             self.config.metadata.clone()
@@ -218,6 +220,10 @@ impl Shared {
                 }))
             }
             Some(TxnOpResponse::Get(g)) => match g.kvs.first() {
+                Some(kv) if stop.is_some_and(Stop::is_stopped) => {
+                    tracing::debug!("stopping: the key under our lease is left for the stop");
+                    Some((kv.create_revision, kv.mod_revision))
+                }
                 Some(kv) => Some(self.bring_up_to_date(kv, lease).await?),
                 None => None,
             },
@@ -623,7 +629,8 @@ type Held = (SessionHandle, (Revision, Revision));
 /// (`cancel`) that comes while the lease is still being granted ends the attempt before
 /// anything is written: a heal held up by a slow grant must not put the key seconds after its
 /// stop was asked (by then a newer incarnation may hold the name). A put already sent is
-/// waited for, and `stop` removes what it wrote.
+/// waited for, and `stop` removes what it wrote; nothing more is sent (a key it finds with
+/// older metadata is left for the stop, not rewritten).
 async fn register(shared: &Shared, cancel: Option<&Stop>) -> Result<Held> {
     let cancel = cancel.filter(|_| {
         !crate::planted::enabled(crate::planted::Bug::StopSkipsTheHeal)
@@ -644,7 +651,7 @@ async fn register(shared: &Shared, cancel: Option<&Stop>) -> Result<Held> {
     // Published before the put, so that a stop() that comes later removes the key whatever
     // lease it is written under (see the module docs).
     shared.lease.store(session.lease().0, Ordering::SeqCst);
-    match shared.put(session.lease()).await {
+    match shared.put(session.lease(), cancel).await {
         Ok(revisions) => {
             shared.set_session(Some(session.clone()));
             // A reply that came after the session's deadline (a held link, a slow store)
@@ -824,7 +831,8 @@ async fn put_back(shared: &Shared, session: &SessionHandle) -> Option<SessionEnd
         let put = tokio::select! {
             biased;
             end = session.done() => return Some(end),
-            put = shared.put(session.lease()) => put,
+            // Dropped, not asked, at a stop (the hold is): no stop to look at.
+            put = shared.put(session.lease(), None) => put,
         };
         match put {
             Ok(_) => {
