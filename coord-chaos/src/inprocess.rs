@@ -9,7 +9,7 @@ use std::time::Duration;
 use coord_api::sync::watch;
 use coord_api::{DynKvLeaseStore, GetRequest, KvLeaseStore, KvLeaseStoreExt};
 use coord_sim::{CompactionTask, SimConfig, SimStore};
-use tokio::task::JoinHandle;
+use tokio::task::{AbortHandle, JoinHandle};
 use tokio::time::Instant;
 
 use crate::driver::{actions, Driver, World};
@@ -34,11 +34,14 @@ struct LinkFaults {
 struct Slot {
     inc: u32,
     client: SimStore,
-    /// The clients of older incarnations still stopping after a rolling restart: on the
-    /// same host, under the same link faults. (They kept the faults in force at the restart:
-    /// an old incarnation's replies stayed 1.2 s slow after the node's slow-replies fault
-    /// ended, past the checkers' reply window: `--defaults` seed 2029452's false S1 and S3.)
-    stopping: Vec<SimStore>,
+    /// Older incarnations still running after a rolling restart (until the new one is up,
+    /// then while they stop): on the same host, so under the same link faults and killed by
+    /// the same crash. (They kept the faults in force at the restart: an old incarnation's
+    /// replies stayed 1.2 s slow after the node's slow-replies fault ended, past the
+    /// checkers' reply window: `--defaults` seed 2029452's false S1 and S3. And one outlived
+    /// a crash of its node, leading and registered beside the incarnation started after it:
+    /// seed 2045989's S7.)
+    stopping: Vec<Older>,
     task: Option<JoinHandle<()>>,
     control: NodeControl,
     faults: LinkFaults,
@@ -46,9 +49,16 @@ struct Slot {
     crashed: bool,
 }
 
+/// An older incarnation of a node, running beside the live one during a rolling restart.
+struct Older {
+    inc: u32,
+    client: SimStore,
+    task: AbortHandle,
+}
+
 impl Slot {
     fn apply_link(&self) {
-        for c in std::iter::once(&self.client).chain(&self.stopping) {
+        for c in std::iter::once(&self.client).chain(self.stopping.iter().map(|o| &o.client)) {
             if self.faults.cut || self.crashed {
                 c.partition()
             } else {
@@ -199,7 +209,13 @@ impl InProcess {
         let mut ready = fresh.control.ready.clone();
         let mut old = self.install(n, fresh);
         let old_client = old.client.client_id();
-        self.slots()[n].stopping.push(old.client.clone());
+        if let Some(task) = &old.task {
+            self.slots()[n].stopping.push(Older {
+                inc: old.inc,
+                client: old.client.clone(),
+                task: task.abort_handle(),
+            });
+        }
         // Bounded: a new incarnation that cannot come up (its link is faulty) does not keep
         // the old one alive forever.
         let _ = tokio::time::timeout(self.scenario.ttl * 2, ready.wait_for(|r| *r)).await;
@@ -209,7 +225,7 @@ impl InProcess {
         }
         self.slots()[n]
             .stopping
-            .retain(|c| c.client_id() != old_client);
+            .retain(|o| o.client.client_id() != old_client);
     }
 }
 
@@ -289,6 +305,18 @@ impl World for InProcess {
         // reaches the store; then everything it ran is dropped.
         slot.crashed = true;
         slot.apply_link();
+        // The host goes down with everything on it: an older incarnation still stopping
+        // after a rolling restart too (oldest first).
+        for old in std::mem::take(&mut slot.stopping) {
+            let who = Incarnation {
+                node: n,
+                inc: old.inc,
+            };
+            old.client.partition();
+            self.rec.mute(who);
+            old.task.abort();
+            self.rec.record(Happening::Crashed(who));
+        }
         self.rec.mute(Incarnation {
             node: n,
             inc: slot.inc,
