@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use coord_api::sync::watch;
+use coord_api::sync::{watch, Stop};
 use coord_api::{DynKvLeaseStore, GetRequest, KvLeaseStore, KvLeaseStoreExt};
 use coord_sim::{CompactionTask, SimConfig, SimStore};
 use tokio::task::{AbortHandle, JoinHandle};
@@ -54,6 +54,7 @@ struct Older {
     inc: u32,
     client: SimStore,
     task: AbortHandle,
+    stop: Stop,
 }
 
 impl Slot {
@@ -214,11 +215,19 @@ impl InProcess {
                 inc: old.inc,
                 client: old.client.clone(),
                 task: task.abort_handle(),
+                stop: old.control.stop.clone(),
             });
         }
         // Bounded: a new incarnation that cannot come up (its link is faulty) does not keep
         // the old one alive forever.
         let _ = tokio::time::timeout(self.scenario.ttl * 2, ready.wait_for(|r| *r)).await;
+        // The node runs its newest incarnation: every older one stops, not only this
+        // restart's. (A restart begun before this one may still wait for an incarnation this
+        // one replaced before it was up, and left its old one running beside the newest for
+        // up to 2 TTL: `--defaults` seed 2112955's S7.)
+        for older in &self.slots()[n].stopping {
+            older.stop.stop();
+        }
         old.control.stop.stop();
         if let Some(task) = old.task.take() {
             let _ = task.await;
