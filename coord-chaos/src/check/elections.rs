@@ -323,10 +323,15 @@ pub(super) fn belief_ends_with_its_key(
     l: &Leading,
     out: &mut Vec<Violation>,
 ) {
-    let window = run.rtt();
     let Some(d) = deletion_of(run, l) else {
         return;
     };
+    // The event that tells of the deletion travels the node's link like any reply: a
+    // renewal sent up to one reply window after the deletion, while the event was still on
+    // its way (and then lost), is acknowledged and moves the deadline (`--defaults` seed
+    // 2113138: replies 1.4 s slow, the watch's event lost to a leader change and a one-way
+    // cut, its belief 10.82 s after the deletion, past τ + RTT).
+    let window = run.reply_window(l.who.node, d.at);
     // Deleted by its lease's expiry: the belief ended before. The local deadline (send time
     // of the last acknowledged renewal + TTL) cannot be later than the store's expiry
     // (receipt of the last renewal + TTL), whatever the network did.
