@@ -185,7 +185,7 @@ fn every_seed_that_ever_failed_holds_every_invariant() {
 
 /// Every seed of the library-defaults scenario (`chaos --defaults`: TTL 10 s, 300 s a seed)
 /// that ever failed.
-const DEFAULTS_REGRESSION_SEEDS: [u64; 8] = [
+const DEFAULTS_REGRESSION_SEEDS: [u64; 10] = [
     // A short slow-replies fault inside a long one left its larger delay in force after it
     // ended, past the checkers' reply window (the fault driver was wrong: a false P3).
     2004722,
@@ -207,6 +207,14 @@ const DEFAULTS_REGRESSION_SEEDS: [u64; 8] = [
     // one, never killed, led and stayed registered beside the incarnation started after
     // the crash, 12 s past its registration (S7; the simulated world was wrong).
     2045989, 2046334,
+    // Two rolling restarts of a node overlapped; the first one's old incarnation waited for
+    // an incarnation the second replaced before it was up, and ran on beside the newest
+    // (S7; the simulated world was wrong).
+    2112955,
+    // A leader's renewal, sent 0.82 s after an operator deleted its key on a link with
+    // replies 1.4 s slow, was answered while the event of the deletion was lost; S3 allowed
+    // τ + RTT, not τ + RW (the checker was wrong).
+    2113138,
 ];
 
 #[test]
