@@ -224,11 +224,11 @@ impl InProcess {
         // The node runs its newest incarnation: every older one stops, not only this
         // restart's. (A restart begun before this one may still wait for an incarnation this
         // one replaced before it was up, and left its old one running beside the newest for
-        // up to 2 TTL: `--defaults` seed 2112955's S7.)
+        // up to 2 TTL: `--defaults` seed 2112955's S7.) A crash took those it killed off
+        // the list.
         for older in &self.slots()[n].stopping {
             older.stop.stop();
         }
-        old.control.stop.stop();
         if let Some(task) = old.task.take() {
             let _ = task.await;
         }
@@ -314,14 +314,13 @@ impl World for InProcess {
         // reaches the store; then everything it ran is dropped.
         slot.crashed = true;
         slot.apply_link();
-        // The host goes down with everything on it: an older incarnation still stopping
-        // after a rolling restart too (oldest first).
+        // The host goes down with everything on it: an older incarnation still running
+        // after a rolling restart too (its link cut above; oldest first).
         for old in std::mem::take(&mut slot.stopping) {
             let who = Incarnation {
                 node: n,
                 inc: old.inc,
             };
-            old.client.partition();
             self.rec.mute(who);
             old.task.abort();
             self.rec.record(Happening::Crashed(who));
