@@ -554,13 +554,26 @@ impl HostRegistration {
     /// registration is stopped either way, and the removal is retried in the background until
     /// it lands; until then the key may stand, at most until its lease expires.
     pub async fn stop(mut self) -> Result<()> {
+        let shared = self.shared.clone();
         // Wait for the loop: after this, nothing can publish a new lease or write the key.
         if crate::planted::enabled(crate::planted::Bug::StopSkipsTheHeal) {
             self.task.cancel();
-        } else {
+        } else if shared.owned || shared.heal_writes.try_write().is_ok() {
             self.task.stop().await;
+        } else {
+            // A write of the key is in flight: the loop waits for its answer (up to the
+            // request timeout when the reply is slow or lost), and the key is removed only
+            // after it resolves (below). But such a write has most likely landed already,
+            // and the key, maybe over a newer incarnation's, would stay while its answer is
+            // waited out: it is removed at once as well. Nothing is sent after the stop but
+            // removals, so only the write in flight can bring it back, and the removal
+            // below takes that away.
+            let leases = shared.host.leases();
+            let _ = tokio::join!(
+                delete_if_under(shared.store(), &shared.config.key, &leases),
+                self.task.stop()
+            );
         }
-        let shared = &self.shared;
         // A heal's write runs on when the loop that sent it stops: it may still land (a retry
         // on another member, a reply waited out). Removing the key first would let it come
         // back under a lease that lives on (a host's).
