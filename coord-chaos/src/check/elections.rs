@@ -195,7 +195,7 @@ pub(super) fn s2_belief_exclusivity(run: &Run<'_>, out: &mut Vec<Violation>) {
             if end <= start {
                 continue;
             }
-            if !excused_overlap(run, a.who.node, b.who.node, start, end) {
+            if !excused_overlap(run, a.who.node, b.who.node, start, end, Duration::ZERO) {
                 out.push(run.violation(
                     "S2",
                     start,
@@ -216,13 +216,16 @@ pub(super) fn s2_belief_exclusivity(run: &Run<'_>, out: &mut Vec<Violation>) {
 /// Whether two nodes' leaderships (or their terms' work) may overlap in `start..end`: one of
 /// them was paused around it (only the fence protects against a pause past the deadline), or
 /// an operator revoked or deleted keys shortly before (the deposed node learns of it only
-/// when its watch tells it).
+/// when its watch tells it). Shortly: S3's bound on a belief after its key's deletion (τ +
+/// RW, RW at the deletion, for either node), plus `wind_down` for what runs on after the
+/// belief (a term's work: the candidate's grace).
 pub(super) fn excused_overlap(
     run: &Run<'_>,
     a: usize,
     b: usize,
     start: Duration,
     end: Duration,
+    wind_down: Duration,
 ) -> bool {
     let ttl = run.scenario.ttl;
     let paused = [a, b].iter().any(|n| {
@@ -233,12 +236,12 @@ pub(super) fn excused_overlap(
             end,
         )
     });
-    let operator = run.beliefs.fault_near(
-        None,
-        &[FaultKind::Revoke, FaultKind::Delete],
-        start.saturating_sub(ttl),
-        start,
-    );
+    let operator = run.beliefs.faults.iter().any(|f| {
+        let window = ttl + run.reply_window(a, f.from).max(run.reply_window(b, f.from));
+        matches!(f.fault.kind, FaultKind::Revoke | FaultKind::Delete)
+            && f.from <= start
+            && start - f.from <= window + wind_down
+    });
     paused || operator
 }
 

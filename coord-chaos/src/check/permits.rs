@@ -3,6 +3,8 @@
 //! P2 (the store accepts fenced writes only from seated permits: at most N at any revision),
 //! P3 (no phantom permit).
 
+use std::time::Duration;
+
 use coord_api::{EventKind, Revision};
 
 use super::elections::{belief_ends_with_its_key, excused_overlap, Held};
@@ -66,9 +68,9 @@ impl Permits {
                 continue;
             }
             with.sort_by_key(|q| q.from);
-            let excused = with
-                .iter()
-                .any(|q| excused_overlap(run, p.who.node, q.who.node, p.from, p.from));
+            let excused = with.iter().any(|q| {
+                excused_overlap(run, p.who.node, q.who.node, p.from, p.from, Duration::ZERO)
+            });
             if excused {
                 continue;
             }
