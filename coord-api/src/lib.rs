@@ -64,6 +64,7 @@
 //! deletes its candidate key in the background. Dropping a watch stream cancels the watch.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![forbid(unsafe_code)]
 
 mod campaign;
 mod error;

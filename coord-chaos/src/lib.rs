@@ -85,6 +85,9 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "mimalloc")]
+pub mod allocator;
+
 mod check;
 mod coord_locker;
 mod coord_node;

@@ -20,6 +20,7 @@
 //! | `test-util` | `testing`: start one etcd or a three-member cluster on free loopback ports; kill, pause, restart members; a TCP proxy to cut a client off. Needs the `etcd` binary (Debian: `etcd-server`). |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![forbid(unsafe_code)]
 
 mod config;
 mod convert;

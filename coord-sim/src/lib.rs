@@ -62,6 +62,7 @@
 //! [`journal`] is its record of changes.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![forbid(unsafe_code)]
 
 mod arrivals;
 mod clock;

@@ -209,6 +209,8 @@ impl tracing_subscriber::fmt::time::FormatTime for SimTime {
 }
 
 fn main() -> ExitCode {
+    #[cfg(feature = "mimalloc")]
+    coord_chaos::allocator::keep_freed_memory();
     // Logs of the recipes and the simulator, with RUST_LOG (for a replayed seed, say).
     if std::env::var_os("RUST_LOG").is_some() {
         tracing_subscriber::fmt()
