@@ -68,7 +68,8 @@
 //! ```
 //!
 //! A failing seed is replayed by running the same test with `CHAOS_SEED=<seed>`, which also
-//! prints the run's timeline; [`timeline_svg`] draws it.
+//! prints the run's timeline (with `CHAOS_STORE=1`, the store's journal in it:
+//! [`timeline_with_store`]); [`timeline_svg`] draws it.
 //!
 //! # Determinism
 //!
@@ -123,7 +124,7 @@ pub use runner::{Report, Runner, SeedOutcome};
 pub use scenario::Scenario;
 pub use service::{Node, PartStopRequest, Service, WorkGuard};
 pub use svg::timeline_svg;
-pub use timeline::timeline;
+pub use timeline::{timeline, timeline_with_store};
 #[cfg(feature = "turmoil")]
 #[cfg_attr(docsrs, doc(cfg(feature = "turmoil")))]
 pub use turmoil_world::{

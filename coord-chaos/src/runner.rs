@@ -365,14 +365,19 @@ impl Runner {
         }
     }
 
-    /// The seeds to run: `CHAOS_SEED=S` replays seed S alone (and prints its timeline), else
-    /// `CHAOS_SEEDS=N` runs seeds 0..N, else `default`. A failure in a user's test names the
-    /// seed; running the test again with `CHAOS_SEED` set replays exactly that run.
+    /// The seeds to run: `CHAOS_SEED=S` replays seed S alone (and prints its timeline; with
+    /// `CHAOS_STORE=1` too, the store's journal in it), else `CHAOS_SEEDS=N` runs seeds 0..N,
+    /// else `default`. A failure in a user's test names the seed; running the test again with
+    /// `CHAOS_SEED` set replays exactly that run.
     pub fn seeds_from_env(&self, default: std::ops::Range<u64>) -> Vec<u64> {
         let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
         if let Some(seed) = var("CHAOS_SEED") {
             let (outcome, history) = self.run_seed(seed);
-            println!("{}", crate::timeline::timeline(&history));
+            if std::env::var_os("CHAOS_STORE").is_some_and(|v| v == "1") {
+                println!("{}", crate::timeline::timeline_with_store(&history));
+            } else {
+                println!("{}", crate::timeline::timeline(&history));
+            }
             for v in &outcome.violations {
                 println!("VIOLATION {v}");
             }

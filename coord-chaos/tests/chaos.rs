@@ -307,6 +307,34 @@ fn a_quiet_run_records_what_the_checkers_check() {
     assert_eq!(outcome.violations, vec![]);
 }
 
+/// The timeline with the store's journal names, for each commit, what changed and which
+/// incarnation's client sent it; the plain timeline leaves the store out.
+#[test]
+fn the_timeline_with_the_store_names_who_wrote_what() {
+    let mut scenario = small();
+    scenario.fault_kinds.clear();
+    let (_, history) = Runner::new(CoordService)
+        .scenario(scenario)
+        .run_schedule(9, &[]);
+    let plain = coord_chaos::timeline(&history);
+    let with_store = coord_chaos::timeline_with_store(&history);
+    assert!(
+        !plain.contains("store  "),
+        "the plain timeline shows no store entry"
+    );
+    let registration = with_store
+        .lines()
+        .find(|l| l.contains("put hosts/n0 = "))
+        .expect("n0's registration among the store's commits");
+    assert!(
+        registration.contains("by n0.0") && registration.contains("(lease "),
+        "{registration}"
+    );
+    assert!(with_store.contains("store  grant lease "));
+    assert!(with_store.contains("store  renew lease "));
+    assert!(with_store.lines().count() > plain.lines().count());
+}
+
 /// Fenced writes are exercised: across the default scenario's seeds, writes a deposed leader
 /// sent (or that landed after it stopped waiting) are refused by the store, and reported as
 /// fenced out; none is accepted (the fence invariant).

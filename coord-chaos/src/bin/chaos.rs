@@ -15,7 +15,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use coord_chaos::{timeline, timeline_svg, CoordService, FaultKind, Runner, Scenario};
+use coord_chaos::{
+    timeline, timeline_svg, timeline_with_store, CoordService, FaultKind, Runner, Scenario,
+};
 
 const HELP: &str = "\
 coord chaos runner: the coord recipes under injected faults, in virtual time, checked.
@@ -32,6 +34,8 @@ OPTIONS:
   --base-seed S      first seed (default 0); pick another to explore new schedules
   --seed S           replay seed S alone and print its timeline
   --svg FILE         with --seed: draw the timeline as an SVG picture
+  --store            with --seed: the store's journal in the timeline too (every commit,
+                     lease grant, renewal and lease end, and by whom)
   --failing FILE     write every failing seed to FILE, one a line with its first violation
                      (the summary shows ten): a nightly run's list to triage
   --jobs N           threads (default: the machine's cores); for long runs (a nightly
@@ -69,6 +73,8 @@ struct Args {
     base_seed: u64,
     seed: Option<u64>,
     svg: Option<String>,
+    /// With `--seed`: the store's journal in the timeline.
+    store: bool,
     failing: Option<String>,
     jobs: usize,
     bug: Option<String>,
@@ -85,6 +91,7 @@ fn parse() -> Result<Args, String> {
         base_seed: 0,
         seed: None,
         svg: None,
+        store: false,
         failing: None,
         jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
         bug: None,
@@ -114,6 +121,10 @@ fn parse() -> Result<Args, String> {
             "--no-explore" => {
                 a.scenario.explore = false;
                 a.flags.push(flag);
+                continue;
+            }
+            "--store" => {
+                a.store = true;
                 continue;
             }
             _ => {}
@@ -332,7 +343,11 @@ fn replay(args: &Args, runner: &Runner, seed: u64) -> ExitCode {
     let (outcome, history) = runner.run_seed(seed);
     let wall = started.elapsed();
     println!();
-    print!("{}", timeline(&history));
+    if args.store {
+        print!("{}", timeline_with_store(&history));
+    } else {
+        print!("{}", timeline(&history));
+    }
     println!();
     println!(
         "{} records, history digest {:016x}, {:.3} s wall for {} s simulated",
