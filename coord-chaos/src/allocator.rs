@@ -7,8 +7,9 @@
 /// A simulation frees and allocates small objects (tasks, messages, views, history records)
 /// at a high rate. By default mimalloc hands pages freed for 10 ms back to the OS, and the next
 /// allocation there faults them in again, zeroed: at 1,000 simulated hosts, 12% of a run's
-/// time was the kernel's page faults and zeroing (BENCHMARKS.md). Kept, the same run is 17%
-/// faster; its peak memory is the same (the history grows to the end of a run anyway).
+/// time was the kernel's page faults and zeroing, 3% with the memory kept, and the run's
+/// rate once started a tenth to a fifth higher in alternated runs (BENCHMARKS.md). Its peak
+/// memory is the same: the history grows to the end of a run anyway.
 ///
 /// A no-op unless mimalloc is the global allocator. Call it before the simulations start.
 ///
