@@ -998,6 +998,8 @@ async fn a_registration_stopped_while_its_put_is_answered_sends_no_rewrite() {
 #[tokio::test(start_paused = true)]
 async fn a_registration_stopped_while_its_put_waits_for_a_slow_reply_removes_the_key_at_once() {
     use coord_api::recipes::HostSession;
+    use coord_api::WatchRequest;
+    use futures::StreamExt;
     let sim = SimStore::new();
     let client = sim.connect();
     let host = HostSession::new(dyn_store(&client), SessionConfig::default().with_ttl(TTL));
@@ -1019,8 +1021,18 @@ async fn a_registration_stopped_while_its_put_waits_for_a_slow_reply_removes_the
         || async { sim.get_key("hosts/a").await.unwrap().is_none() },
     )
     .await;
+    let removed = sim.revision();
     within(TTL, "the stop", stop).await.unwrap().unwrap();
-    assert!(sim.get_key("hosts/a").await.unwrap().is_none());
+    // Nothing brings it back, for a TTL after the stop returned (the host's lease lives on).
+    let mut after = sim
+        .watch(WatchRequest::key("hosts/a").with_start_revision(removed.next()))
+        .await
+        .unwrap();
+    let change = tokio::time::timeout(TTL, after.next()).await;
+    assert!(
+        change.is_err(),
+        "the key changed after the stop's removal: {change:?}"
+    );
     client.set_reply_latency(Duration::ZERO);
     host.stop().await.unwrap();
 }
