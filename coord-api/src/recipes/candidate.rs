@@ -51,7 +51,8 @@ pub struct CandidateConfig {
     /// the leadership's deadline when renewals stop working (so the work can stop before the
     /// store could elect someone else), and a work told its term is over is dropped
     /// (cancelled at its next `.await`) after this long, or at the deadline if that is
-    /// sooner. `None` (the default) is a quarter of the session's TTL.
+    /// sooner. `None` (the default) is [`default_grace`](Self::default_grace) of the
+    /// session's TTL.
     pub grace: Option<Duration>,
     /// First delay before campaigning again after a campaign failed (default 100 ms); it
     /// doubles, with jitter.
@@ -77,6 +78,17 @@ impl CandidateConfig {
     pub fn with_rest(mut self, rest: Duration) -> Self {
         self.rest = rest;
         self
+    }
+
+    /// The grace a term gets when none is configured: a quarter of the session's TTL.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use coord_api::recipes::CandidateConfig;
+    /// assert_eq!(CandidateConfig::default_grace(Duration::from_secs(10)), Duration::from_millis(2500));
+    /// ```
+    pub fn default_grace(ttl: Duration) -> Duration {
+        ttl / 4
     }
 
     /// Give a term's work this long to wind down (see [`grace`](Self::grace)).
@@ -395,7 +407,9 @@ where
     };
     status.send_replace(CandidateStatus::Leading { token });
     tracing::info!(token = %token, term = number, "term started");
-    let grace = config.grace.unwrap_or(leadership.ttl() / 4);
+    let grace = config
+        .grace
+        .unwrap_or_else(|| CandidateConfig::default_grace(leadership.ttl()));
     let mut running = Box::pin(work(t));
     let end = tokio::select! {
         biased;

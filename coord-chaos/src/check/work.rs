@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use coord_api::recipes::CandidateConfig;
 use coord_api::Revision;
 
 use super::elections::excused_overlap;
@@ -91,7 +92,8 @@ pub(super) fn w1_work_never_overlaps(run: &Run<'_>, out: &mut Vec<Violation>) {
             }
             // The same node's terms are the candidate's alone to keep apart: no excuse.
             let same = a.who == b.who;
-            let grace = run.scenario.ttl / 4;
+            // coord's node gives its terms the candidate's default grace.
+            let grace = CandidateConfig::default_grace(run.scenario.ttl);
             if same || !excused_overlap(run, a.who.node, b.who.node, start, end, grace) {
                 out.push(run.violation(
                     "W1",
