@@ -126,7 +126,9 @@ pub enum RegistrationStatus {
         lease: LeaseId,
     },
     /// The lease was lost (re-granting), or the key was deleted under the live lease
-    /// (putting it back): the key is not known to be present. Counts the attempts so far.
+    /// (putting it back), or another lease took the key (a newer incarnation of the host:
+    /// waiting for it to be freed, then putting it back): the key is not known to be present
+    /// under this registration's lease. Counts the attempts so far.
     Healing {
         /// Attempts made since the loss.
         attempt: u32,
@@ -816,6 +818,25 @@ async fn hold(
             end = &mut done => return end,
             change = follow.next() => change,
         };
+        let registered = RegistrationStatus::Registered {
+            lease: session.lease(),
+        };
+        if let Change::Put(kv) = &change {
+            // Another lease took the key: a newer incarnation of the host (or another process
+            // under the same name). The name is not ours while it holds it, and fighting for
+            // it would have two owners take turns: not registered until the key is freed (a
+            // delete, put back below) or ours again.
+            let ours = kv.lease == session.lease();
+            if !ours && shared.status.get() == registered {
+                tracing::warn!(lease_id = %kv.lease, "registered key taken by another lease; waiting for it to be freed");
+                shared
+                    .status
+                    .send_replace(RegistrationStatus::Healing { attempt: 0 });
+            } else if ours && matches!(shared.status.get(), RegistrationStatus::Healing { .. }) {
+                shared.status.send_replace(registered);
+            }
+            continue;
+        }
         if let Change::Deleted(_) = change {
             if session.is_done() {
                 continue;

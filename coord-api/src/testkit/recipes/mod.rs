@@ -53,6 +53,7 @@ macro_rules! recipe_tests {
             registration::registration_updates_metadata_in_place,
             registration::registration_puts_back_a_key_deleted_under_its_live_lease,
             registration::registration_is_not_registered_while_its_key_is_put_back,
+            registration::registration_whose_key_another_lease_takes_is_not_registered,
             watcher::watcher_is_gap_free_from_the_snapshot,
             watcher::watcher_survives_compaction_without_losing_a_net_change,
             watcher::watcher_stream_ends_when_stopped_or_dropped,

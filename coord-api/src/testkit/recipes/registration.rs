@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::recipes::{HostRegistration, RegistrationStatus};
 use crate::testkit::{eventually, within};
-use crate::{Error, EventKind, KvLeaseStore, KvLeaseStoreExt, WatchRequest};
+use crate::{Error, EventKind, KvLeaseStore, KvLeaseStoreExt, PutRequest, WatchRequest};
 use futures::StreamExt;
 use tokio::time::Instant;
 
@@ -292,5 +292,58 @@ pub async fn registration_is_not_registered_while_its_key_is_put_back(fx: &dyn F
         .unwrap()
         .expect("the key is back");
     assert_eq!(kv.lease, lease);
+    r.stop().await.unwrap();
+}
+
+/// A registration whose key another lease takes (a newer incarnation of the host registering
+/// under the same name) says it is not registered, without fighting for the key, and takes
+/// the key back once it is freed. (`--defaults` seed 2337074: an old incarnation believed
+/// itself registered on a key a newer one had taken, past an operator's revoke of its lease,
+/// which no event of its key could tell it.)
+pub async fn registration_whose_key_another_lease_takes_is_not_registered(fx: &dyn Fixture) {
+    let client = fx.client().await;
+    let store = fx.store();
+    let r = HostRegistration::start(client.store.clone(), reg(fx, "hosts/a", "old"))
+        .await
+        .unwrap();
+    let lease = r.lease_id();
+    let mut status = r.subscribe();
+    // Long enough to outlive the watch below without renewals.
+    let newer = store.grant(fx.ttl() * 3).await.unwrap().id;
+    store
+        .put(PutRequest::new("hosts/a", "new").with_lease(newer))
+        .await
+        .unwrap();
+    within(
+        prompt(fx),
+        "the registration to say it is not registered",
+        status.wait_for(|s| matches!(s, RegistrationStatus::Healing { .. })),
+    )
+    .await
+    .unwrap();
+    // No fight: the newer owner keeps the key, for a TTL.
+    tokio::time::sleep(fx.ttl()).await;
+    let kv = store
+        .get_key("hosts/a")
+        .await
+        .unwrap()
+        .expect("the newer key");
+    assert_eq!((kv.lease, kv.value.as_ref()), (newer, &b"new"[..]));
+    assert!(matches!(r.status(), RegistrationStatus::Healing { .. }));
+    // The newer owner leaves: the key is put back under the registration's lease.
+    store.revoke(newer).await.unwrap();
+    within(
+        fx.ttl(),
+        "the registration to be back on its lease",
+        status.wait_for(|s| *s == RegistrationStatus::Registered { lease }),
+    )
+    .await
+    .unwrap();
+    let kv = store
+        .get_key("hosts/a")
+        .await
+        .unwrap()
+        .expect("the key is back");
+    assert_eq!((kv.lease, kv.value.as_ref()), (lease, &b"old"[..]));
     r.stop().await.unwrap();
 }
