@@ -4,12 +4,16 @@
 //! latest metadata. When the keep-alive channel breaks, the session re-opens it on the same
 //! lease; when the lease is gone (expired, revoked, lost in an etcd restart), the
 //! registration re-grants and re-puts under a fresh lease, with jittered exponential backoff.
-//! When the key alone is deleted, it is put back under the same lease.
+//! When the key alone is deleted, it is put back under the same lease. When another lease
+//! takes the key (a newer incarnation of the host, registering under the same name), the
+//! registration does not fight for it: it says it is not registered (`Healing`) while the
+//! other holds the key, and puts the key back once it is freed.
 //!
 //! The other promise, which go-coord and Curator both broke: when [`stop`] returns `Ok`, the
 //! key is gone and nothing brings it back. `stop` cancels the loop and waits for it to finish
-//! before removing the key, and the loop publishes a new lease before it writes the key under
-//! it, so the removal always hits the lease the key lives under. A lease given up at its local
+//! before removing the key (and removes it at once too when a write of it is in flight, whose
+//! reply may be slow or lost), and the loop publishes a new lease before it writes the key
+//! under it, so the removal always hits the lease the key lives under. A lease given up at its local
 //! deadline may still live at the store (its renewals arrived, their replies did not), and the
 //! key with it until a heal moves the key; `stop` removes the key from such leases too, and
 //! says so when it could not reach the store. A stop that comes while a heal waits for its
