@@ -13,10 +13,10 @@
 //! key is gone and nothing brings it back. `stop` cancels the loop and waits for it to finish
 //! before removing the key (and removes it at once too when a write of it is in flight, whose
 //! reply may be slow or lost), and the loop publishes a new lease before it writes the key
-//! under it, so the removal always hits the lease the key lives under. A lease given up at its local
-//! deadline may still live at the store (its renewals arrived, their replies did not), and the
-//! key with it until a heal moves the key; `stop` removes the key from such leases too, and
-//! says so when it could not reach the store. A stop that comes while a heal waits for its
+//! under it, so the removal always hits the lease the key lives under. A lease given up at its
+//! local deadline may still live at the store (its renewals arrived, their replies did not),
+//! and the key with it until a heal moves the key; `stop` removes the key from such leases
+//! too, and says so when it could not reach the store. A stop that comes while a heal waits for its
 //! lease ends the heal there: nothing is written after the stop was asked but a put already
 //! on the wire (in a rolling restart, the new incarnation may hold the name by then).
 //!
