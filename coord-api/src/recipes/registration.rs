@@ -832,7 +832,10 @@ async fn hold(
             // delete, put back below) or ours again.
             let ours = kv.lease == session.lease();
             if !ours && shared.status.get() == registered {
-                tracing::warn!(lease_id = %kv.lease, "registered key taken by another lease; waiting for it to be freed");
+                tracing::warn!(
+                    lease_id = %kv.lease,
+                    "registered key taken by another lease; waiting for it to be freed"
+                );
                 shared
                     .status
                     .send_replace(RegistrationStatus::Healing { attempt: 0 });
