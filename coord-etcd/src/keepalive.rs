@@ -188,8 +188,12 @@ fn replaced_under_it() -> Error {
     }
 }
 
-/// Replaces the connection of a renewal dropped before its answer came, if the connection
-/// answered nothing since (see [`EtcdKeepAlive::renew_once`] and [`Pool::unanswered`]).
+/// Leaves the member of a renewal dropped before its answer came, if its connection answered
+/// nothing since: the connection is replaced and requests move to the next member (see
+/// [`Pool::abandon_if_silent_since`]), so the renewal that goes instead goes elsewhere. A
+/// stalled member (a paused process whose kernel still accepts connections) answers a fresh
+/// connection no better: a renewal re-sent to it was abandoned again a renewal period later,
+/// and a 3 s session expired 2-2.3 s after its member stopped, two healthy members beside it.
 struct InFlight<'a> {
     pool: &'a Pool,
     endpoint: usize,
@@ -220,7 +224,7 @@ impl<'a> InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.pool.unanswered(self.endpoint, self.sent);
+            self.pool.abandon_if_silent_since(self.endpoint, self.sent);
         }
     }
 }
@@ -229,6 +233,37 @@ impl Drop for InFlight<'_> {
 mod tests {
     use super::*;
     use crate::config::EtcdConfig;
+
+    /// A renewal abandoned unanswered (the session's next renewal fell due) on a member that
+    /// accepted the connection and answers nothing moves requests to the next member: the
+    /// renewal sent instead opens there, not on a fresh connection to the same stalled one.
+    #[tokio::test]
+    async fn an_abandoned_renewal_moves_to_the_next_member() {
+        let (_silent, channel) = Pool::silent_member();
+        let timeout = Duration::from_secs(60);
+        let pool = Pool::new(
+            EtcdConfig::new(["unused:1"]).with_request_timeout(timeout),
+            vec![channel.clone(), channel],
+        );
+        assert_eq!(pool.current(), 0);
+        let mut keep_alive = EtcdKeepAlive::new(pool.clone(), LeaseId(1));
+        let renewal = tokio::spawn(async move { keep_alive.renew().await });
+        coord_api::testkit::within(timeout / 6, "the renewal on the wire", async {
+            while !pool.is_waited_on(0) {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+        // The session gives up waiting: it drops the renewal where it waits.
+        renewal.abort();
+        assert!(renewal.await.unwrap_err().is_cancelled());
+        assert_eq!(
+            pool.current(),
+            1,
+            "the next renewal goes to the next member"
+        );
+        assert!(!pool.is_waited_on(0), "the stalled connection was replaced");
+    }
 
     /// A keep-alive whose opening hangs on a member that accepted the connection and answers
     /// nothing ends as soon as another request finds the connection dead and replaces it,
