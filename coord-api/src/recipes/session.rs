@@ -10,10 +10,13 @@
 //! The timing, all counted from sends, never from replies:
 //! * A renewal goes out every renewal period (KA, a third of the TTL by default) after the
 //!   previous one was sent.
-//! * A renewal not answered by the time the next one is due is abandoned and sent again on a
-//!   fresh channel: the session, not the backend's request timeout, decides how long an
-//!   answer may take, so one lost reply costs one period and the deadline still holds with a
-//!   period to spare, whatever the backend's timeouts. Opening a channel is bounded alike.
+//! * A renewal not answered within half a renewal period is abandoned and sent again at once
+//!   on a fresh channel (a backend moves it to another member: a stalled or slow one answers
+//!   a fresh connection no better). The session, not the backend's request timeout, decides
+//!   how long an answer may take: with one sick member, the renewal that reaches a healthy
+//!   one is sent at most 1.5 periods (half the TTL) after the last acknowledged one, which
+//!   leaves a candidate's default grace (a quarter of the TTL) clear of the deadline.
+//!   Opening a channel is bounded alike. Only a failure after that re-send backs off.
 //! * A grant whose reply took longer than a renewal period (a stalled etcd, a slow disk) is
 //!   followed at once by a renewal, before [`Session::new`] returns: a new session always has
 //!   at least TTL − KA left on its deadline.
@@ -659,7 +662,7 @@ impl Session {
                         release_lease(inner.store.clone(), inner.lease);
                     }
                     return Err(match other {
-                        Attempt::Failed(e) | Attempt::Ended(Some(e)) => e,
+                        Attempt::Failed { error: e, .. } | Attempt::Ended(Some(e)) => e,
                         Attempt::Ended(None) | Attempt::Renewed { .. } => Error::Cancelled {
                             operation: "session",
                         },
@@ -855,8 +858,9 @@ enum Attempt {
     /// Acknowledged; it was sent at `sent`.
     Renewed { sent: Instant },
     /// Not acknowledged (no answer in time, a dead channel, an unreachable store); the lease
-    /// may still live.
-    Failed(Error),
+    /// may still live. `unanswered` when it was abandoned for want of an answer: the channel
+    /// it went on is left, and the re-send goes at once, elsewhere.
+    Failed { error: Error, unanswered: bool },
     /// The session ended (its lease gone, its deadline passed) or was cancelled.
     Ended(Option<Error>),
 }
@@ -896,15 +900,22 @@ impl Renewer {
         }
     }
 
+    /// How long a renewal (or the opening of its channel) may wait for its answer: half a
+    /// renewal period. A live store answers in milliseconds; one that takes longer is sick, and
+    /// the renewal goes again elsewhere with time to spare (see the module docs).
+    fn answer_within(&self) -> Duration {
+        self.every / 2
+    }
+
     fn expired(&self, when: &str) -> Attempt {
         tracing::warn!("session expired: no renewal acknowledged before the deadline ({when})");
         self.inner.end(SessionEnd::Expired);
         Attempt::Ended(None)
     }
 
-    /// Sends one renewal and waits for its answer, at most until the next renewal is due (or
-    /// the deadline, if sooner and `bounded`): a later answer is no use, the next renewal goes
-    /// instead, on a fresh channel.
+    /// Sends one renewal and waits for its answer, at most half a renewal period (or until
+    /// the deadline, if sooner and `bounded`): a later answer comes from a sick member, and
+    /// the renewal goes again at once, on a fresh channel.
     ///
     /// `timer` is the caller's, kept for the renewer's life: a thousand sessions renew a
     /// thousand times a TTL, and a fresh timer (and cancellation waiter) registered and torn
@@ -928,9 +939,9 @@ impl Renewer {
             // the session to its deadline, or to the backend's request timeout.
             let opening = now.take().unwrap_or_else(clock::now);
             let open_by = if deadline_counts {
-                (opening + self.every).min(deadline)
+                (opening + self.answer_within()).min(deadline)
             } else {
-                opening + self.every
+                opening + self.answer_within()
             };
             timer.as_mut().reset(open_by);
             let opened = tokio::select! {
@@ -939,12 +950,15 @@ impl Renewer {
                     if deadline_counts && Instant::now() >= deadline {
                         return self.expired("opening a channel");
                     }
-                    tracing::debug!(waited_ms = self.every.as_millis() as u64, "keep-alive channel not opened in time; abandoned");
-                    return Attempt::Failed(Error::Unavailable {
-                        backend: self.inner.store.backend(),
-                        operation: "keep-alive",
-                        source: format!("no channel opened within {:?}", open_by - opening).into(),
-                    });
+                    tracing::debug!(waited_ms = (open_by - opening).as_millis() as u64, "keep-alive channel not opened in time; abandoned");
+                    return Attempt::Failed {
+                        error: Error::Unavailable {
+                            backend: self.inner.store.backend(),
+                            operation: "keep-alive",
+                            source: format!("no channel opened within {:?}", open_by - opening).into(),
+                        },
+                        unanswered: true,
+                    };
                 }
                 c = self.inner.store.keep_alive(self.inner.lease) => c,
             };
@@ -960,7 +974,10 @@ impl Renewer {
                         error = &e as &dyn std::error::Error,
                         "could not open a keep-alive channel"
                     );
-                    return Attempt::Failed(e);
+                    return Attempt::Failed {
+                        error: e,
+                        unanswered: false,
+                    };
                 }
             }
         }
@@ -968,9 +985,9 @@ impl Renewer {
         // this instant.
         let sent = now.unwrap_or_else(clock::now);
         let answer_by = if deadline_counts {
-            (sent + self.every).min(deadline)
+            (sent + self.answer_within()).min(deadline)
         } else {
-            sent + self.every
+            sent + self.answer_within()
         };
         let ch = self.channel.as_mut().expect("opened above");
         // One timer: `answer_by` is the deadline when that comes first.
@@ -984,12 +1001,15 @@ impl Renewer {
                 // A late answer on this channel could be mistaken for the next renewal's:
                 // drop it, and renew on a fresh one.
                 self.channel = None;
-                tracing::debug!(waited_ms = self.every.as_millis() as u64, "renewal not answered in time; abandoned");
-                return Attempt::Failed(Error::Unavailable {
-                    backend: self.inner.store.backend(),
-                    operation: "keep-alive",
-                    source: format!("no answer within {:?}", answer_by - sent).into(),
-                });
+                tracing::debug!(waited_ms = (answer_by - sent).as_millis() as u64, "renewal not answered in time; abandoned");
+                return Attempt::Failed {
+                    error: Error::Unavailable {
+                        backend: self.inner.store.backend(),
+                        operation: "keep-alive",
+                        source: format!("no answer within {:?}", answer_by - sent).into(),
+                    },
+                    unanswered: true,
+                };
             }
             r = ch.renew() => r,
         };
@@ -1037,7 +1057,10 @@ impl Renewer {
                     "renewal failed; re-opening the channel"
                 );
                 self.channel = None;
-                Attempt::Failed(e)
+                Attempt::Failed {
+                    error: e,
+                    unanswered: false,
+                }
             }
         }
     }
@@ -1076,10 +1099,17 @@ impl Renewer {
                     }
                     next = sent + self.every;
                 }
-                Attempt::Failed(_) => {
+                Attempt::Failed { unanswered, .. } => {
                     self.metrics.failed();
+                    // The first renewal left unanswered goes again at once, on a fresh channel
+                    // (another member, for a backend that has several): waiting would spend
+                    // the margin the deadline keeps for it. After that, back off.
+                    next = if unanswered && !self.backing_off {
+                        Instant::now()
+                    } else {
+                        Instant::now() + self.backoff.next_delay()
+                    };
                     self.backing_off = true;
-                    next = Instant::now() + self.backoff.next_delay();
                 }
                 Attempt::Ended(_) => return,
             }
