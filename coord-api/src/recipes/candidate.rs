@@ -245,7 +245,9 @@ impl Candidate {
         self.status.clone()
     }
 
-    /// Whether it leads now.
+    /// Whether it leads now: false from the instant its term ends (the leadership lost, a
+    /// step-down, the work returned, a stop), before the term's work has wound down and before
+    /// the resignation.
     pub fn is_leader(&self) -> bool {
         matches!(self.status(), CandidateStatus::Leading { .. })
     }
@@ -418,6 +420,10 @@ where
         () = step_down(&leadership, grace) => End::SteppedDown,
         () = &mut running => End::Returned,
     };
+    // The status is trusted like the fence: it stops saying Leading now, before the work is
+    // told and wound down (its grace) and before the resignation, so a service guarding work
+    // with `is_leader()` never sees two leaders at once.
+    status.send_replace(CandidateStatus::Campaigning);
     over.stop();
     if !matches!(end, End::Returned) {
         // The work has its grace, and never past the deadline: the store may elect someone

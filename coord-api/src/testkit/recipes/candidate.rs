@@ -191,6 +191,60 @@ pub async fn a_candidate_stopped_while_cut_off_reports_its_key_left(fx: &dyn Fix
     .await;
 }
 
+/// A candidate's status is trusted like its fence: it stops saying `Leading` the instant its
+/// term ends, before the term's work has wound down (its grace) and before the resignation,
+/// so that a service guarding work with `is_leader()` never sees two leaders. Here an
+/// operator deletes the leader key and the work lingers past its grace.
+pub async fn a_candidate_stops_saying_it_leads_the_instant_its_term_ends(fx: &dyn Fixture) {
+    let store = fx.store();
+    let pool = ElectionPool::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()));
+    let (over_tx, mut over) = tokio::sync::mpsc::unbounded_channel();
+    let (key_tx, mut key) = tokio::sync::mpsc::unbounded_channel();
+    let work = move |term: Term| {
+        let (over_tx, key_tx) = (over_tx.clone(), key_tx.clone());
+        async move {
+            let _ = key_tx.send(term.key().key.to_vec());
+            term.over().await;
+            let _ = over_tx.send(Instant::now());
+            // Ignores the end of its term: the candidate drops it after its grace.
+            std::future::pending::<()>().await;
+        }
+    };
+    let a = Candidate::spawn(&pool, CandidateConfig::new("jobs", "a"), work);
+    let first = leading(&a, prompt(fx)).await;
+    let leader_key = key.recv().await.expect("the term's key");
+    let mut status = a.subscribe();
+    store
+        .delete(crate::DeleteRequest::key(leader_key))
+        .await
+        .unwrap();
+    within(prompt(fx), "the term to end", over.recv())
+        .await
+        .unwrap();
+    assert!(
+        !a.is_leader(),
+        "the candidate says {:?} though its term's work was told the term is over",
+        a.status()
+    );
+    // Nor says Leading in that term again while the work lingers and it resigns (a new
+    // term, with a new token, may begin).
+    let window = tokio::time::sleep(CandidateConfig::default_grace(fx.ttl()) + fx.slack());
+    tokio::pin!(window);
+    loop {
+        tokio::select! {
+            _ = &mut window => break,
+            changed = status.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                let now = status.get_and_update();
+                assert_ne!(now, CandidateStatus::Leading { token: first }, "the ended term again");
+            }
+        }
+    }
+    a.stop().await.unwrap();
+}
+
 pub async fn a_candidate_rests_between_terms_and_counts_them(fx: &dyn Fixture) {
     let store = fx.store();
     let pool = ElectionPool::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()));
