@@ -1,8 +1,9 @@
 //! The simulator served as a cluster of etcd members under turmoil: one store (one
 //! linearizable state machine, as raft makes of etcd's members), served by each member from
 //! a turmoil host of its own, so that a client holds a connection per member and a member
-//! can crash, restart or be cut off from its peers while the others serve. What each member
-//! answers meanwhile follows etcd 3.4 (see the `members` module); the store itself, its
+//! can crash, restart, stall, answer late or be cut off from its peers while the others
+//! serve. What each member answers meanwhile follows etcd 3.5 or 3.4, as chosen (see the
+//! `members` module); the store itself, its
 //! clock and the faults on it run on one more host, which never fails.
 
 use std::future::Future;
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::members::Members;
+use super::members::{EtcdVersion, Members};
 use super::net::incoming_until;
 use super::{Clients, DurableStore, EtcdService, ETCD_PORT};
 use crate::{SimConfig, SimStore};
@@ -28,6 +29,7 @@ pub struct ClusterBuilder {
     prefix: String,
     config: SimConfig,
     election_timeout: Duration,
+    version: EtcdVersion,
     clients: Clients,
     init: Option<Init>,
 }
@@ -38,6 +40,7 @@ impl std::fmt::Debug for ClusterBuilder {
             .field("members", &self.members)
             .field("prefix", &self.prefix)
             .field("election_timeout", &self.election_timeout)
+            .field("version", &self.version)
             .finish_non_exhaustive()
     }
 }
@@ -69,6 +72,12 @@ impl ClusterBuilder {
         self
     }
 
+    /// Which etcd the members answer as, where clients can tell (3.5 by default).
+    pub fn version(mut self, version: EtcdVersion) -> Self {
+        self.version = version;
+        self
+    }
+
     /// Serves a peer listed in `clients` through its own store client (see
     /// [`EtcdService::with_clients`]).
     pub fn clients(mut self, clients: Clients) -> Self {
@@ -88,7 +97,7 @@ impl ClusterBuilder {
         let (jobs, rx) = mpsc::unbounded_channel::<Job>();
         let rx = Arc::new(Mutex::new(Some(rx)));
         let cluster = SimCluster {
-            members: Members::new(self.members, self.election_timeout),
+            members: Members::new(self.members, self.election_timeout, self.version),
             store: DurableStore::default(),
             names: (0..self.members)
                 .map(|i| format!("{}{i}", self.prefix))
@@ -193,13 +202,15 @@ impl std::fmt::Debug for SimCluster {
 }
 
 impl SimCluster {
-    /// A builder: three members named `etcd0` to `etcd2`, etcd's 1 s election timeout.
+    /// A builder: three members named `etcd0` to `etcd2`, etcd's 1 s election timeout,
+    /// answering as etcd 3.5.
     pub fn builder() -> ClusterBuilder {
         ClusterBuilder {
             members: 3,
             prefix: "etcd".to_owned(),
             config: SimConfig::default(),
             election_timeout: Duration::from_secs(1),
+            version: EtcdVersion::default(),
             clients: Clients::default(),
             init: None,
         }
@@ -281,12 +292,36 @@ impl SimCluster {
         }
     }
 
-    /// Ends [`isolate`](Self::isolate): the member rejoins and, its term raised by its lone
-    /// campaigns, forces an election (etcd 3.4 runs without pre-vote).
+    /// Ends [`isolate`](Self::isolate): the member rejoins. On etcd 3.4, its term raised by
+    /// its lone campaigns, it forces an election (no pre-vote); on 3.5 it follows the leader.
     pub fn rejoin(&self, sim: &turmoil::Sim<'_>) {
         if let Some(at) = self.members.rejoin(sim.elapsed()) {
             self.promote_at(at);
         }
+    }
+
+    /// Fault: member `i` stalls (SIGSTOP, a long GC or a stuck disk): it keeps accepting
+    /// connections and what is sent on them, and answers nothing (no reply, no status, no
+    /// watch event, no keep-alive answer) until [`thaw`](Self::thaw), when it answers all of
+    /// it. Its peers count it gone: if it led, they elect another after an election timeout,
+    /// which refreshes every lease.
+    pub fn stall(&self, sim: &turmoil::Sim<'_>, i: usize) {
+        if let Some(at) = self.members.stall(i, sim.elapsed()) {
+            self.promote_at(at);
+        }
+    }
+
+    /// Ends [`stall`](Self::stall): member `i` answers what it was sent meanwhile, and
+    /// follows the current leader.
+    pub fn thaw(&self, i: usize) {
+        self.members.thaw(i);
+    }
+
+    /// Fault: member `i` answers `late` late (zero: on time again): every reply, status and
+    /// stream message, while its peers see nothing wrong (a slow link or a slow disk on its
+    /// client side).
+    pub fn slow(&self, i: usize, late: Duration) {
+        self.members.slow(i, late);
     }
 
     /// Fault: leadership handed to member `to` (`etcdctl move-leader`); it refreshes every

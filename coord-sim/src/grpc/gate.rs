@@ -33,11 +33,18 @@ pub(crate) struct Gate {
 }
 
 impl Gate {
-    /// Waits until the member serves a `call`, or refuses it as etcd would.
+    /// Waits until the member serves a `call`, or refuses it as etcd would. A stalled member
+    /// reads the request only once thawed (its kernel kept it), and a slow one answers late.
     pub(crate) async fn admit(&self, call: Call, require_leader: bool) -> Result<(), Status> {
-        let arrived = now();
         let mut changes = self.members.subscribe();
+        self.while_stalled(&mut changes).await;
+        let arrived = now();
+        let late = self.members.lateness(self.index);
+        if !late.is_zero() {
+            tokio::time::sleep(late).await;
+        }
         loop {
+            self.while_stalled(&mut changes).await;
             match self
                 .members
                 .verdict(self.index, now(), arrived, call, require_leader)
@@ -58,14 +65,27 @@ impl Gate {
         }
     }
 
-    /// Waits while the member is cut off: its own state stops there, so nothing new reaches
-    /// its watchers until it rejoins.
+    async fn while_stalled(&self, changes: &mut tokio::sync::watch::Receiver<u64>) {
+        while self.members.is_stalled(self.index) {
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Waits while the member is cut off or stalled: its own state stops there, so nothing
+    /// new reaches its watchers until it rejoins or thaws; then, from a slow member, a
+    /// message arrives late.
     pub(crate) async fn while_cut_off(&self) {
         let mut changes = self.members.subscribe();
         while self.members.is_cut_off(self.index) {
             if changes.changed().await.is_err() {
                 return;
             }
+        }
+        let late = self.members.lateness(self.index);
+        if !late.is_zero() {
+            tokio::time::sleep(late).await;
         }
     }
 
@@ -92,6 +112,11 @@ impl Gate {
                 }
             }
         }
+    }
+
+    /// The etcd version this member reports.
+    pub(crate) fn version(&self) -> &'static str {
+        self.members.version().reported()
     }
 
     /// The leader's member id as this member reports it (0: none known), and the term.

@@ -1,13 +1,42 @@
 //! What each member of a simulated etcd cluster answers while members fail: who leads, who
 //! is cut off, when an election ends, and so whether a request is served, refused or held.
-//! The rules are etcd 3.4's as a client sees them, measured on a real three-member cluster
-//! (`tests/members_etcd.rs`; the simulator runs the same probe in `tests/members_sim.rs`).
+//! The rules are etcd's as a client sees them (3.5's or 3.4's, as chosen), measured on real
+//! three-member clusters of both (`tests/members_etcd.rs`; the simulator runs the same probe
+//! in `tests/members_sim.rs`).
 //! Times are simulated time since the start of the run.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tonic::Status;
+
+/// Which etcd a [`SimCluster`](super::SimCluster)'s members answer as, where a client can tell
+/// the versions apart (`docs/ETCD-BEHAVIOUR.md` 3.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum EtcdVersion {
+    /// etcd 3.4 (measured on 3.4.23): no pre-vote, so a member cut off from its peers forces
+    /// an election when it rejoins (its lone campaigns raised its term).
+    V3_4,
+    /// etcd 3.5 (measured on 3.5.1), what most production runs: pre-vote, so a rejoining
+    /// member leaves the leader be.
+    #[default]
+    V3_5,
+}
+
+impl EtcdVersion {
+    /// The version a member's status reports.
+    pub fn reported(self) -> &'static str {
+        match self {
+            EtcdVersion::V3_4 => "3.4.23 (coord-sim)",
+            EtcdVersion::V3_5 => "3.5.1 (coord-sim)",
+        }
+    }
+
+    fn pre_vote(self) -> bool {
+        self == EtcdVersion::V3_5
+    }
+}
 
 /// What a request does at a member, for the rules below.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +80,12 @@ struct State {
     term: u64,
     /// The member cut off from its peers, and since when.
     isolated: Option<(usize, Duration)>,
+    /// Members stalled (a paused process: its kernel accepts connections and keeps what is
+    /// sent, nothing answers, its peers count it gone) until thawed.
+    stalled: Vec<bool>,
+    /// How late each member answers (a slow member: every answer, each stream's every
+    /// message).
+    slow: Vec<Duration>,
     election: Option<Election>,
 }
 
@@ -61,6 +96,7 @@ pub(crate) struct Members {
     /// Bumped on every change, so that held requests look again.
     changed: Arc<tokio::sync::watch::Sender<u64>>,
     election_timeout: Duration,
+    version: EtcdVersion,
 }
 
 /// How a member refuses a request, in etcd's words.
@@ -88,17 +124,20 @@ impl Refusal {
 }
 
 impl Members {
-    pub(crate) fn new(members: usize, election_timeout: Duration) -> Self {
+    pub(crate) fn new(members: usize, election_timeout: Duration, version: EtcdVersion) -> Self {
         Members {
             state: Arc::new(Mutex::new(State {
                 up: vec![true; members],
                 leader: 0,
                 term: 2,
                 isolated: None,
+                stalled: vec![false; members],
+                slow: vec![Duration::ZERO; members],
                 election: None,
             })),
             changed: Arc::new(tokio::sync::watch::Sender::new(0)),
             election_timeout,
+            version,
         }
     }
 
@@ -118,6 +157,11 @@ impl Members {
 
     pub(crate) fn election_timeout(&self) -> Duration {
         self.election_timeout
+    }
+
+    /// The etcd the members answer as.
+    pub(crate) fn version(&self) -> EtcdVersion {
+        self.version
     }
 
     /// The leader at `now`, if one is elected.
@@ -155,7 +199,7 @@ impl Members {
         let cut = s.isolated.map(|(m, _)| m);
         let next = (1..n)
             .map(|k| (s.leader + k) % n)
-            .find(|&m| s.up[m] && Some(m) != cut)
+            .find(|&m| s.up[m] && Some(m) != cut && !s.stalled[m])
             .unwrap_or(s.leader);
         let et = self.election_timeout;
         let e = Election {
@@ -205,15 +249,15 @@ impl Members {
         elected
     }
 
-    /// The cut-off member rejoins at `now`. Its campaigns while cut off raised its term, and
-    /// etcd 3.4 runs without pre-vote: the leader steps down and the cluster elects again,
-    /// everyone campaigning at once (no leader known, no proposal lost). Returns when the
-    /// new leader leads, if the member had been cut off.
+    /// The cut-off member rejoins at `now`. On etcd 3.4 its campaigns while cut off raised its
+    /// term, and without pre-vote the leader steps down and the cluster elects again,
+    /// everyone campaigning at once (no leader known, no proposal lost); returns when the new
+    /// leader leads. On etcd 3.5 pre-vote kept its term, and it follows the leader.
     pub(crate) fn rejoin(&self, now: Duration) -> Option<Duration> {
         let mut s = self.lock();
         settle(&mut s, now);
         s.isolated.take()?;
-        let elected = if s.election.is_none() {
+        let elected = if s.election.is_none() && !self.version.pre_vote() {
             let et = self.election_timeout;
             let e = Election {
                 believed_until: now,
@@ -231,11 +275,53 @@ impl Members {
         elected
     }
 
+    /// Member `i` stalled at `now` (SIGSTOP): it answers nothing until thawed, while its
+    /// kernel keeps accepting and buffering; its peers stop hearing it. Returns when a new
+    /// leader is elected, if it led.
+    pub(crate) fn stall(&self, i: usize, now: Duration) -> Option<Duration> {
+        let mut s = self.lock();
+        settle(&mut s, now);
+        s.stalled[i] = true;
+        let led = s.leader == i && s.election.is_none();
+        let elected = led.then(|| self.lose_leader(&mut s, now));
+        drop(s);
+        self.bump();
+        elected
+    }
+
+    /// Member `i` thawed (SIGCONT): it reads what was sent meanwhile and answers it; a
+    /// leader that was replaced meanwhile learns the newer term from its peers and follows.
+    pub(crate) fn thaw(&self, i: usize) {
+        self.lock().stalled[i] = false;
+        self.bump();
+    }
+
+    /// Whether member `i` is stalled.
+    pub(crate) fn is_stalled(&self, i: usize) -> bool {
+        self.lock().stalled[i]
+    }
+
+    /// Member `i` answers `late` late from now on (zero: on time).
+    pub(crate) fn slow(&self, i: usize, late: Duration) {
+        self.lock().slow[i] = late;
+        self.bump();
+    }
+
+    /// How late member `i` answers.
+    pub(crate) fn lateness(&self, i: usize) -> Duration {
+        self.lock().slow[i]
+    }
+
     /// Leadership handed to member `to` (`etcdctl move-leader`): it leads at once.
     pub(crate) fn transfer(&self, to: usize, now: Duration) -> bool {
         let mut s = self.lock();
         settle(&mut s, now);
-        if s.election.is_some() || s.leader == to || !s.up[to] || s.isolated.is_some() {
+        if s.election.is_some()
+            || s.leader == to
+            || !s.up[to]
+            || s.isolated.is_some()
+            || s.stalled.contains(&true)
+        {
             return false;
         }
         s.leader = to;
@@ -305,10 +391,11 @@ impl Members {
             .map(|(_, since)| since + self.election_timeout * 4)
     }
 
-    /// Whether member `i` is cut off (what it sends its clients then stops: its own state
-    /// stops moving).
+    /// Whether member `i` sends its clients nothing new: cut off (its own state stops
+    /// moving) or stalled.
     pub(crate) fn is_cut_off(&self, i: usize) -> bool {
-        self.lock().isolated.is_some_and(|(m, _)| m == i)
+        let s = self.lock();
+        s.isolated.is_some_and(|(m, _)| m == i) || s.stalled[i]
     }
 
     /// A receiver that wakes on every change.
@@ -339,7 +426,7 @@ mod tests {
 
     #[test]
     fn an_isolated_member_refuses_require_leader_only_once_it_knows() {
-        let m = Members::new(3, ET);
+        let m = Members::new(3, ET, EtcdVersion::V3_4);
         m.isolate(1, ms(1000));
         assert!(matches!(
             m.verdict(1, ms(1100), ms(1100), Call::Write, true),
@@ -363,7 +450,7 @@ mod tests {
 
     #[test]
     fn a_killed_leader_loses_forwarded_writes_and_fails_reads_at_the_election() {
-        let m = Members::new(3, ET);
+        let m = Members::new(3, ET, EtcdVersion::V3_4);
         assert_eq!(m.kill(0, ms(1000)), Some(ms(1500)));
         assert_eq!(m.leader(ms(1200)), None);
         assert_eq!(
@@ -389,8 +476,38 @@ mod tests {
     }
 
     #[test]
+    fn a_rejoin_on_3_5_keeps_the_leader() {
+        let m = Members::new(3, ET, EtcdVersion::V3_5);
+        m.isolate(2, ms(0));
+        assert_eq!(m.rejoin(ms(5000)), None);
+        assert_eq!(m.leader(ms(5000)), Some(0));
+        assert_eq!(
+            m.verdict(0, ms(5100), ms(5100), Call::Write, true),
+            Verdict::Go
+        );
+    }
+
+    #[test]
+    fn a_stalled_leader_is_replaced_and_a_stalled_member_is_never_elected() {
+        let m = Members::new(3, ET, EtcdVersion::V3_4);
+        // Member 1 stalls; then the leader does: the others elect member 2, skipping 1.
+        assert_eq!(m.stall(1, ms(0)), None);
+        assert!(m.is_stalled(1) && m.is_cut_off(1));
+        assert_eq!(m.stall(0, ms(1000)), Some(ms(1500)));
+        assert_eq!(m.leader(ms(1500)), Some(2));
+        assert!(
+            !m.transfer(0, ms(2000)),
+            "no transfer while a member is stalled"
+        );
+        m.thaw(0);
+        m.thaw(1);
+        assert!(!m.is_cut_off(0) && !m.is_cut_off(1));
+        assert_eq!(m.leader(ms(2000)), Some(2), "a thawed leader follows");
+    }
+
+    #[test]
     fn a_rejoin_elects_again_and_a_transfer_moves_the_leader() {
-        let m = Members::new(3, ET);
+        let m = Members::new(3, ET, EtcdVersion::V3_4);
         m.isolate(2, ms(0));
         assert_eq!(m.rejoin(ms(5000)), Some(ms(5250)));
         assert!(matches!(

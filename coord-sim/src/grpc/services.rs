@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::convert::{self, header, status};
 use super::gate::{requires_leader, Gate};
+use super::members::EtcdVersion;
 use super::members::{Call, Members};
 use crate::SimStore;
 
@@ -499,7 +500,11 @@ impl PbMaintenanceService for EtcdService {
         let (leader, raft_term) = self.gate.as_ref().map_or((1, 1), Gate::status);
         Ok(Response::new(PbStatusResponse {
             header: header(self.store.revision()),
-            version: "3.4.23 (coord-sim)".to_owned(),
+            version: self
+                .gate
+                .as_ref()
+                .map_or(EtcdVersion::default().reported(), Gate::version)
+                .to_owned(),
             leader,
             raft_index: self.store.revision().get() as u64,
             raft_term,
