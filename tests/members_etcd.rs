@@ -54,6 +54,14 @@ impl Members for Real {
         self.0.move_leader(to).await.expect("move leader");
     }
 
+    async fn stall(&self, i: usize) {
+        self.0.pause(i);
+    }
+
+    async fn thaw(&self, i: usize) {
+        self.0.resume(i);
+    }
+
     fn election_timeout(&self) -> Duration {
         Duration::from_millis(250)
     }

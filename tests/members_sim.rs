@@ -8,7 +8,7 @@ mod probe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use coord_sim::grpc::{channel, SimCluster, ETCD_PORT};
+use coord_sim::grpc::{channel, EtcdVersion, SimCluster, ETCD_PORT};
 use etcd_client::Client;
 use probe::{options, Members};
 use tokio::sync::oneshot;
@@ -23,6 +23,8 @@ enum Ask {
     Isolate(usize, oneshot::Sender<()>),
     Rejoin(oneshot::Sender<()>),
     MoveLeader(usize, oneshot::Sender<()>),
+    Stall(usize, oneshot::Sender<()>),
+    Thaw(usize, oneshot::Sender<()>),
 }
 
 type Asks = Arc<Mutex<Vec<Ask>>>;
@@ -80,13 +82,30 @@ impl Members for Simulated {
         self.ask(|tx| Ask::MoveLeader(to, tx)).await;
     }
 
+    async fn stall(&self, i: usize) {
+        self.ask(|tx| Ask::Stall(i, tx)).await;
+    }
+
+    async fn thaw(&self, i: usize) {
+        self.ask(|tx| Ask::Thaw(i, tx)).await;
+    }
+
     fn election_timeout(&self) -> Duration {
         ET
     }
 }
 
 #[test]
-fn member_failures_as_a_client_sees_them_on_the_simulator() {
+fn member_failures_as_a_client_sees_them_on_the_simulator_as_etcd_3_5() {
+    probe_the_simulator(EtcdVersion::V3_5);
+}
+
+#[test]
+fn member_failures_as_a_client_sees_them_on_the_simulator_as_etcd_3_4() {
+    probe_the_simulator(EtcdVersion::V3_4);
+}
+
+fn probe_the_simulator(version: EtcdVersion) {
     let mut sim = turmoil::Builder::new()
         .rng_seed(1)
         .tick_duration(Duration::from_millis(1))
@@ -97,6 +116,7 @@ fn member_failures_as_a_client_sees_them_on_the_simulator() {
     let cluster = SimCluster::builder()
         .members(3)
         .election_timeout(ET)
+        .version(version)
         .add_to(&mut sim);
     let asks = Asks::default();
     let figures = Arc::new(Mutex::new(None));
@@ -138,6 +158,14 @@ fn member_failures_as_a_client_sees_them_on_the_simulator() {
                 }
                 Ask::MoveLeader(i, tx) => {
                     cluster.transfer_leader(&sim, i);
+                    tx
+                }
+                Ask::Stall(i, tx) => {
+                    cluster.stall(&sim, i);
+                    tx
+                }
+                Ask::Thaw(i, tx) => {
+                    cluster.thaw(i);
                     tx
                 }
             };
