@@ -85,11 +85,16 @@ pub enum Bug {
     /// in a rolling restart. Caught by L7 (a write of the host key sent after the stop was
     /// asked).
     HealOutlivesTheStop,
+    /// `EtcdStore` replaces the connection of a renewal the session abandoned unanswered but
+    /// keeps requests on the same member: on a stalled or slow member the renewal sent instead
+    /// waits there too, and the session runs out while two healthy members stand beside it.
+    /// Caught by L2 (a follower stalled or slow is ridden through), over turmoil with members.
+    AbandonedRenewalStaysOnMember,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 21] = [
+    pub const ALL: [Bug; 22] = [
         Bug::CampaignSkipsOwnKeyCheck,
         Bug::WatcherResumesFromNow,
         Bug::WatcherIgnoresCompaction,
@@ -111,6 +116,7 @@ impl Bug {
         Bug::SemaphoreWaiterNeverWakes,
         Bug::ResignIgnoresNewerCampaign,
         Bug::HealOutlivesTheStop,
+        Bug::AbandonedRenewalStaysOnMember,
     ];
 
     /// A stable name for command lines and reports.
@@ -137,6 +143,7 @@ impl Bug {
             Bug::SemaphoreWaiterNeverWakes => "semaphore-waiter-never-wakes",
             Bug::ResignIgnoresNewerCampaign => "resign-ignores-newer-campaign",
             Bug::HealOutlivesTheStop => "heal-outlives-the-stop",
+            Bug::AbandonedRenewalStaysOnMember => "abandoned-renewal-stays-on-member",
         }
     }
 

@@ -53,6 +53,10 @@ pub(crate) trait World {
     fn member_down(&mut self, member: usize, down: bool);
     /// Cuts `Some(member)` off from the others, or lets it rejoin (`None`).
     fn member_isolated(&mut self, member: Option<usize>);
+    /// Stalls member `member` (it answers nothing), or thaws it.
+    fn member_stalled(&mut self, member: usize, stalled: bool);
+    /// Makes member `member` answer `late` late (zero: on time).
+    fn member_slowed(&mut self, member: usize, late: Duration);
     /// The raft leader, if one is elected.
     fn leader(&mut self) -> Option<usize>;
     /// Hands raft leadership to member `to`.
@@ -217,12 +221,16 @@ impl Driver {
                     length: f.length,
                 },
             ),
-            FaultKind::MemberCrash | FaultKind::MemberIsolation | FaultKind::LeaderCrash => {
+            FaultKind::MemberCrash
+            | FaultKind::MemberIsolation
+            | FaultKind::LeaderCrash
+            | FaultKind::MemberStall
+            | FaultKind::MemberSlow => {
                 if self.member_fault.is_some() || w.members() < 2 {
                     return;
                 }
-                // Member crashes and isolations hit a follower (the next member when the
-                // drawn one leads); a leader's loss is the leader crash's.
+                // Member crashes, isolations, stalls and slowness hit a follower (the next
+                // member when the drawn one leads); a leader's loss is the leader crash's.
                 let Some(leader) = w.leader() else {
                     return;
                 };
@@ -231,10 +239,11 @@ impl Driver {
                     _ if n % w.members() == leader => (leader + 1) % w.members(),
                     _ => n % w.members(),
                 };
-                if f.kind == FaultKind::MemberIsolation {
-                    w.member_isolated(Some(member));
-                } else {
-                    w.member_down(member, true);
+                match f.kind {
+                    FaultKind::MemberIsolation => w.member_isolated(Some(member)),
+                    FaultKind::MemberStall => w.member_stalled(member, true),
+                    FaultKind::MemberSlow => w.member_slowed(member, f.added_latency()),
+                    _ => w.member_down(member, true),
                 }
                 self.member_fault = Some((f.clone(), member));
             }
@@ -286,15 +295,20 @@ impl Driver {
                     w.recover(n);
                 }
             }
-            FaultKind::MemberCrash | FaultKind::MemberIsolation | FaultKind::LeaderCrash => {
+            FaultKind::MemberCrash
+            | FaultKind::MemberIsolation
+            | FaultKind::LeaderCrash
+            | FaultKind::MemberStall
+            | FaultKind::MemberSlow => {
                 // Only the fault in force has anything to undo.
                 let Some((_, member)) = self.member_fault.take_if(|(g, _)| g == f) else {
                     return;
                 };
-                if f.kind == FaultKind::MemberIsolation {
-                    w.member_isolated(None);
-                } else {
-                    w.member_down(member, false);
+                match f.kind {
+                    FaultKind::MemberIsolation => w.member_isolated(None),
+                    FaultKind::MemberStall => w.member_stalled(member, false),
+                    FaultKind::MemberSlow => w.member_slowed(member, Duration::ZERO),
+                    _ => w.member_down(member, false),
                 }
             }
             // Instant faults have no end; a part stopped starts again by itself.
@@ -343,6 +357,8 @@ mod tests {
         }
         fn member_down(&mut self, _: usize, _: bool) {}
         fn member_isolated(&mut self, _: Option<usize>) {}
+        fn member_stalled(&mut self, _: usize, _: bool) {}
+        fn member_slowed(&mut self, _: usize, _: Duration) {}
         fn leader(&mut self) -> Option<usize> {
             Some(0)
         }

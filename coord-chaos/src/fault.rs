@@ -55,19 +55,28 @@ pub enum FaultKind {
     LeaderCrash,
     /// Raft leadership handed to another member (`etcdctl move-leader`). Needs members.
     LeaderTransfer,
+    /// A follower stalls (SIGSTOP, a long GC, a stuck disk): it accepts connections and
+    /// answers nothing, its peers carry on without it, and it answers everything once thawed.
+    /// Needs members.
+    MemberStall,
+    /// A follower answers every request and stream message late (by 0.1 to 6 s) while its
+    /// peers see nothing wrong. Needs members.
+    MemberSlow,
 }
 
 impl FaultKind {
     /// The kinds that need the store served as several members.
-    pub const MEMBERS: [FaultKind; 4] = [
+    pub const MEMBERS: [FaultKind; 6] = [
         FaultKind::MemberCrash,
         FaultKind::MemberIsolation,
         FaultKind::LeaderCrash,
         FaultKind::LeaderTransfer,
+        FaultKind::MemberStall,
+        FaultKind::MemberSlow,
     ];
 
     /// Every kind.
-    pub const ALL: [FaultKind; 20] = [
+    pub const ALL: [FaultKind; 22] = [
         FaultKind::Partition,
         FaultKind::OneWay,
         FaultKind::Hold,
@@ -88,6 +97,8 @@ impl FaultKind {
         FaultKind::MemberIsolation,
         FaultKind::LeaderCrash,
         FaultKind::LeaderTransfer,
+        FaultKind::MemberStall,
+        FaultKind::MemberSlow,
     ];
 
     /// The command-line name.
@@ -113,6 +124,8 @@ impl FaultKind {
             FaultKind::MemberIsolation => "member-isolation",
             FaultKind::LeaderCrash => "leader-crash",
             FaultKind::LeaderTransfer => "leader-transfer",
+            FaultKind::MemberStall => "member-stall",
+            FaultKind::MemberSlow => "member-slow",
         }
     }
 
@@ -160,6 +173,8 @@ impl FaultKind {
                 | FaultKind::MemberCrash
                 | FaultKind::MemberIsolation
                 | FaultKind::LeaderCrash
+                | FaultKind::MemberStall
+                | FaultKind::MemberSlow
         )
     }
 
@@ -182,6 +197,8 @@ impl FaultKind {
                 | FaultKind::MemberIsolation
                 | FaultKind::LeaderCrash
                 | FaultKind::LeaderTransfer
+                | FaultKind::MemberStall
+                | FaultKind::MemberSlow
         )
     }
 }
@@ -235,7 +252,10 @@ impl Fault {
             FaultKind::LostReplies => write!(f, " x{}", self.length.as_millis()),
             _ => Ok(()),
         }?;
-        if matches!(self.kind, FaultKind::Latency | FaultKind::SlowReplies) {
+        if matches!(
+            self.kind,
+            FaultKind::Latency | FaultKind::SlowReplies | FaultKind::MemberSlow
+        ) {
             write!(f, " +{}ms", self.added_latency().as_millis())?;
         }
         if self.kind == FaultKind::Stop {
@@ -256,7 +276,11 @@ impl Fault {
             Some(format!("n{}", self.node))
         } else if matches!(
             self.kind,
-            FaultKind::MemberCrash | FaultKind::MemberIsolation | FaultKind::LeaderTransfer
+            FaultKind::MemberCrash
+                | FaultKind::MemberIsolation
+                | FaultKind::LeaderTransfer
+                | FaultKind::MemberStall
+                | FaultKind::MemberSlow
         ) {
             Some(format!("m{}", self.node))
         } else {
@@ -270,10 +294,12 @@ impl Fault {
     }
 
     /// For a latency fault, the latency it adds: 1 to 400 ms to requests; 50 to 1,500 ms to
-    /// slow replies (longer than a renewal period at a 3 s TTL).
+    /// slow replies (longer than a renewal period at a 3 s TTL); 100 ms to 6 s to everything
+    /// a slow member answers (past the 5 s request timeout).
     pub fn added_latency(&self) -> Duration {
         match self.kind {
             FaultKind::SlowReplies => Duration::from_millis(50 + self.pick % 1450),
+            FaultKind::MemberSlow => Duration::from_millis(100 + self.pick % 5900),
             _ => Duration::from_millis(1 + self.pick % 400),
         }
     }
@@ -319,6 +345,11 @@ pub fn schedule(scenario: &Scenario, rng: &mut Rng) -> Vec<Fault> {
                 | FaultKind::MemberCrash
                 | FaultKind::MemberIsolation
                 | FaultKind::LeaderCrash => Duration::from_millis(rng.between(100, ttl_ms * 2)),
+                // From a blip to three TTLs: a sick member may stay sick for any length of
+                // time, and nothing may be lost to it.
+                FaultKind::MemberStall | FaultKind::MemberSlow => {
+                    Duration::from_millis(rng.between(100, ttl_ms * 3))
+                }
                 FaultKind::Crash => Duration::from_millis(rng.between(ttl_ms / 2, ttl_ms * 3)),
                 _ => Duration::ZERO,
             };

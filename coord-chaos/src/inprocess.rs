@@ -367,6 +367,10 @@ impl World for InProcess {
 
     fn member_isolated(&mut self, _member: Option<usize>) {}
 
+    fn member_stalled(&mut self, _member: usize, _stalled: bool) {}
+
+    fn member_slowed(&mut self, _member: usize, _late: Duration) {}
+
     fn leader(&mut self) -> Option<usize> {
         None
     }

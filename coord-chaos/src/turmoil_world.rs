@@ -408,6 +408,18 @@ impl World for Turmoil<'_, '_> {
         }
     }
 
+    fn member_stalled(&mut self, member: usize, stalled: bool) {
+        if stalled {
+            self.cluster.stall(self.sim, member);
+        } else {
+            self.cluster.thaw(member);
+        }
+    }
+
+    fn member_slowed(&mut self, member: usize, late: Duration) {
+        self.cluster.slow(member, late);
+    }
+
     fn leader(&mut self) -> Option<usize> {
         self.cluster.leader(self.sim)
     }

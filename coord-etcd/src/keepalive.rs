@@ -224,7 +224,12 @@ impl<'a> InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.pool.abandon_if_silent_since(self.endpoint, self.sent);
+            use coord_api::planted::{enabled, Bug};
+            if enabled(Bug::AbandonedRenewalStaysOnMember) {
+                self.pool.unanswered(self.endpoint, self.sent);
+            } else {
+                self.pool.abandon_if_silent_since(self.endpoint, self.sent);
+            }
         }
     }
 }

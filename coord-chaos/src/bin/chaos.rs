@@ -52,7 +52,7 @@ OPTIONS:
                      close-streams, leader-change, store-crash, compact, revoke, delete,
                      crash, pause, restart, stop; with --turmoil, the members' too
                      ('members'): member-crash, member-isolation, leader-crash,
-                     leader-transfer
+                     leader-transfer, member-stall, member-slow
   --members N        with --turmoil: etcd members the store is served as (default 3; each
                      node's EtcdStore knows them all)
   --rate N           faults per simulated minute, per kind (default 2)

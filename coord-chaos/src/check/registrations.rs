@@ -287,11 +287,15 @@ pub(super) fn l2_ride_through(run: &Run<'_>, out: &mut Vec<Violation>) {
         let rides = match f.fault.kind {
             FaultKind::Partition | FaultKind::OneWay | FaultKind::Hold => f.until - f.from < blip,
             FaultKind::CloseStreams | FaultKind::LeaderChange => true,
-            // A follower killed or cut off, leadership handed over: a majority serves
-            // throughout, and the client moves to it (a leader's death is not here: it
+            // A follower killed, cut off, stalled or slow, leadership handed over: a majority
+            // serves throughout, and the client moves to it (a leader's death is not here: it
             // halts writes and renewals for up to two election timeouts, which a session
             // renewing every TTL/3 need not survive, on etcd as here).
-            FaultKind::MemberCrash | FaultKind::MemberIsolation | FaultKind::LeaderTransfer => true,
+            FaultKind::MemberCrash
+            | FaultKind::MemberIsolation
+            | FaultKind::LeaderTransfer
+            | FaultKind::MemberStall
+            | FaultKind::MemberSlow => true,
             _ => false,
         };
         if !rides {
