@@ -3,7 +3,7 @@
 //! several latency faults in force adds the largest of them), and what each does, in the
 //! terms of [`World`], which the in-process store and the turmoil network both implement.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::fault::{Fault, FaultKind};
@@ -59,8 +59,8 @@ pub(crate) trait World {
     fn member_slowed(&mut self, member: usize, late: Duration);
     /// The raft leader, if one is elected.
     fn leader(&mut self) -> Option<usize>;
-    /// Hands raft leadership to member `to`.
-    fn transfer_leader(&mut self, to: usize);
+    /// Hands raft leadership to member `to`; returns whether it moved.
+    fn transfer_leader(&mut self, to: usize) -> bool;
 }
 
 /// A fault starting or ending, at a time.
@@ -116,6 +116,9 @@ pub(crate) struct Driver {
     /// The member fault in force and the member it hit: one at a time, so that a majority
     /// always serves (a fault drawn while another is in force does nothing).
     member_fault: Option<(Fault, usize)>,
+    /// The lasting faults that acted and have not ended: only they are undone and recorded
+    /// as ended.
+    acting: BTreeSet<Fault>,
 }
 
 impl Driver {
@@ -157,16 +160,44 @@ impl Driver {
         world.record(Happening::Heal);
     }
 
-    /// Applies one start or end, recording it.
+    /// Applies one start or end, recording it when the fault acts: a fault that did nothing
+    /// (a member fault drawn while another is in force, a transfer with no leader to move) is
+    /// neither recorded, so no checker takes it for an excuse, nor counted.
     pub(crate) fn apply(&mut self, world: &mut impl World, action: &Action) {
         let f = &action.fault;
         if action.start {
+            if !self.can_act(world, f) {
+                return;
+            }
+            if f.kind == FaultKind::LeaderTransfer {
+                // The cluster may refuse (an election under way): recorded only if it moved.
+                if world.transfer_leader(f.node % world.members()) {
+                    world.record(Happening::FaultStart(f.clone()));
+                }
+                return;
+            }
+            // Recorded before it acts, so that what it causes comes after it in the history.
             world.record(Happening::FaultStart(f.clone()));
             self.begin(world, f);
-        } else {
+            if f.kind.lasts() {
+                self.acting.insert(f.clone());
+            }
+        } else if self.acting.remove(f) {
             self.end(world, f);
             world.record(Happening::FaultEnd(f.clone()));
         }
+    }
+
+    /// Whether `f` would act now: member faults need members and a leader, and act one at a
+    /// time (so that a majority always serves); the rest always act.
+    fn can_act(&self, w: &mut impl World, f: &Fault) -> bool {
+        if !f.kind.needs_members() {
+            return true;
+        }
+        if self.member_fault.is_some() || w.members() < 2 {
+            return false;
+        }
+        f.kind == FaultKind::LeaderTransfer || w.leader().is_some()
     }
 
     fn begin(&mut self, w: &mut impl World, f: &Fault) {
@@ -226,9 +257,6 @@ impl Driver {
             | FaultKind::LeaderCrash
             | FaultKind::MemberStall
             | FaultKind::MemberSlow => {
-                if self.member_fault.is_some() || w.members() < 2 {
-                    return;
-                }
                 // Member crashes, isolations, stalls and slowness hit a follower (the next
                 // member when the drawn one leads); a leader's loss is the leader crash's.
                 let Some(leader) = w.leader() else {
@@ -247,11 +275,8 @@ impl Driver {
                 }
                 self.member_fault = Some((f.clone(), member));
             }
-            FaultKind::LeaderTransfer => {
-                if self.member_fault.is_none() && w.members() >= 2 {
-                    w.transfer_leader(n % w.members());
-                }
-            }
+            // Applied (and recorded only if it moved) by `apply`.
+            FaultKind::LeaderTransfer => {}
         }
     }
 
@@ -362,7 +387,9 @@ mod tests {
         fn leader(&mut self) -> Option<usize> {
             Some(0)
         }
-        fn transfer_leader(&mut self, _: usize) {}
+        fn transfer_leader(&mut self, _: usize) -> bool {
+            false
+        }
     }
 
     fn slow_replies(at: u64, secs: u64, pick: u64) -> Fault {

@@ -375,7 +375,9 @@ impl World for InProcess {
         None
     }
 
-    fn transfer_leader(&mut self, _to: usize) {}
+    fn transfer_leader(&mut self, _to: usize) -> bool {
+        false
+    }
 }
 
 /// An operator revokes or deletes one of the nodes' keys (hosts and election candidates),

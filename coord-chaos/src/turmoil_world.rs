@@ -424,8 +424,8 @@ impl World for Turmoil<'_, '_> {
         self.cluster.leader(self.sim)
     }
 
-    fn transfer_leader(&mut self, to: usize) {
-        self.cluster.transfer_leader(self.sim, to);
+    fn transfer_leader(&mut self, to: usize) -> bool {
+        self.cluster.transfer_leader(self.sim, to)
     }
 
     fn crash(&mut self, node: usize) {
