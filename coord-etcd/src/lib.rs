@@ -28,6 +28,7 @@ mod error;
 mod keepalive;
 mod liveness;
 mod pool;
+mod settle;
 mod store;
 mod watch;
 

@@ -9,6 +9,11 @@
 //! again), requests moved to the next member. A member that is alive answers at once, however
 //! long a request of its waits on raft. A connection that also carries a lease's renewals
 //! answers every renewal period and is never asked.
+//!
+//! The same status request, asked of a member that holds any request past
+//! [`SETTLE_AFTER`], tells its raft term: when the member reports a leader in a newer term
+//! than it answered in after a write was sent, and serves a linearizable read in it, that
+//! write is settled (`crate::settle`).
 
 use std::sync::Weak;
 use std::time::Duration;
@@ -17,6 +22,7 @@ use tokio::time::Instant;
 
 use crate::error::from_member;
 use crate::pool::Pool;
+use crate::settle::{Terms, SETTLE_AFTER};
 
 /// How long a connection that something waits on may answer nothing before it is asked.
 const QUIET: Duration = Duration::from_secs(1);
@@ -25,8 +31,9 @@ const QUIET: Duration = Duration::from_secs(1);
 /// raft, in milliseconds when it is alive.
 const ANSWER_BY: Duration = Duration::from_secs(1);
 
-/// How often the pool's connections are looked at.
-const EVERY: Duration = Duration::from_millis(250);
+/// How often the pool's connections are looked at: a request held past [`SETTLE_AFTER`] is
+/// asked about within this much more.
+const EVERY: Duration = Duration::from_millis(50);
 
 /// Runs until the pool is dropped, from the pool's first request or watch; see the module
 /// docs.
@@ -37,21 +44,38 @@ pub(crate) async fn probe_quiet_connections(pool: Weak<Pool>) {
         tick.tick().await;
         let Some(pool) = pool.upgrade() else { return };
         let now = Instant::now();
-        let quiet: Vec<_> = (0..pool.len())
-            .filter_map(|i| pool.quiet_and_waited_on(i, now - QUIET).map(|c| (i, c)))
+        // The quiet (to leave if they do not answer) and those holding a request (to learn
+        // their term from).
+        let ask: Vec<_> = (0..pool.len())
+            .filter_map(|i| {
+                let (client, terms) = pool.open_at(i)?;
+                let quiet = pool.quiet_and_waited_on(i, now - QUIET);
+                let holding = terms
+                    .writing_since()
+                    .is_some_and(|since| since + SETTLE_AFTER <= now);
+                (quiet || holding).then_some((i, quiet, client, terms))
+            })
             .collect();
         // All at once: members cut off together are left together, not one ANSWER_BY each.
-        let asked = quiet.into_iter().map(|(i, mut client)| {
+        let asked = ask.into_iter().map(|(i, quiet, mut client, terms)| {
             pool.asked(i, now);
-            async move { (i, tokio::time::timeout(ANSWER_BY, client.status()).await) }
+            async move {
+                let answer = tokio::time::timeout(ANSWER_BY, client.status()).await;
+                if let Ok(Ok(status)) = &answer {
+                    settle(&mut client, &terms, now, status).await;
+                }
+                (i, quiet, answer)
+            }
         });
-        for (i, answer) in futures::future::join_all(asked).await {
+        for (i, quiet, answer) in futures::future::join_all(asked).await {
             match answer {
                 Ok(Ok(_)) => pool.answered(i, now),
                 // A refusal is an answer from a live member.
                 Ok(Err(e)) if from_member(&e) => pool.answered(i, now),
                 // A broken connection: the watches on it hear of it themselves.
                 Ok(Err(_)) => {}
+                // Not quiet long enough to leave: a slow answer from a busy member.
+                Err(_) if !quiet => {}
                 // Replaced already, with another one left just before.
                 Err(_) if !pool.is_waited_on(i) => {}
                 Err(_) => {
@@ -63,6 +87,47 @@ pub(crate) async fn probe_quiet_connections(pool: Weak<Pool>) {
                     pool.abandon_if_silent_since(i, now);
                 }
             }
+        }
+    }
+}
+
+/// Learns the member's term from its status, asked at `asked`; if it reports a leader in a
+/// newer term than it answered in before, and serves a linearizable read in it, settles the
+/// writes sent before that answer (see `crate::settle`).
+async fn settle(
+    client: &mut etcd_client::Client,
+    terms: &Terms,
+    asked: Instant,
+    status: &etcd_client::StatusResponse,
+) {
+    let term = status.raft_term();
+    terms.observe(asked, term);
+    let before = terms.settled_by(term);
+    tracing::trace!(
+        term,
+        leader = status.leader(),
+        settles = before.is_some(),
+        "a held member's term"
+    );
+    let Some(before) = before.filter(|_| status.leader() != 0) else {
+        return;
+    };
+    // Any key: the read's point is its read index, taken in the leader's term. A key the
+    // client may not read (RBAC) fails it, and the write waits out its timeout as before.
+    let read = client.get(
+        b"\0".to_vec(),
+        Some(etcd_client::GetOptions::new().with_count_only()),
+    );
+    match tokio::time::timeout(ANSWER_BY, read).await {
+        Ok(Ok(r)) if r.header().is_some_and(|h| h.raft_term() >= term) => {
+            tracing::debug!(
+                term,
+                "the member's leader changed; writes sent before are settled"
+            );
+            terms.settle(before);
+        }
+        other => {
+            tracing::trace!(term, read = ?other.map(|r| r.map(|_| ())), "no read in the newer term yet")
         }
     }
 }

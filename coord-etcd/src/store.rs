@@ -156,12 +156,15 @@ impl EtcdStore {
         let readable = |rev: i64| async move {
             let r = self
                 .pool
-                .call("get", Kind::Read, &rev.to_le_bytes(), |mut c| async move {
-                    c.get(
-                        vec![0u8],
-                        Some(etcd_client::GetOptions::new().with_revision(rev)),
-                    )
-                    .await
+                .call("get", Kind::Read, &rev.to_le_bytes(), |c| {
+                    let mut c = c.kv_client();
+                    async move {
+                        c.get(
+                            vec![0u8],
+                            Some(etcd_client::GetOptions::new().with_revision(rev)),
+                        )
+                        .await
+                    }
                 })
                 .await;
             match r {
@@ -238,8 +241,8 @@ impl KvLeaseStore for EtcdStore {
         let (key, opts) = convert::get(&req);
         let res = self
             .pool
-            .call("get", Kind::Read, req.range.start(), |mut c| {
-                let (key, opts) = (key.clone(), opts.clone());
+            .call("get", Kind::Read, req.range.start(), |c| {
+                let (mut c, key, opts) = (c.kv_client(), key.clone(), opts.clone());
                 async move { c.get(key, Some(opts)).await }
             })
             .await;
@@ -255,8 +258,13 @@ impl KvLeaseStore for EtcdStore {
         validate::put(&req, &self.pool.config().limits)?;
         let opts = convert::put_options(&req);
         self.pool
-            .call("put", Kind::Write, &req.key, |mut c| {
-                let (key, value, opts) = (req.key.to_vec(), req.value.to_vec(), opts.clone());
+            .call("put", Kind::Write, &req.key, |c| {
+                let (mut c, key, value, opts) = (
+                    c.kv_client(),
+                    req.key.to_vec(),
+                    req.value.to_vec(),
+                    opts.clone(),
+                );
                 async move { c.put(key, value, Some(opts)).await }
             })
             .await
@@ -268,8 +276,8 @@ impl KvLeaseStore for EtcdStore {
         validate::delete(&req)?;
         let (key, opts) = convert::delete(&req);
         self.pool
-            .call("delete", Kind::Write, req.range.start(), |mut c| {
-                let (key, opts) = (key.clone(), opts.clone());
+            .call("delete", Kind::Write, req.range.start(), |c| {
+                let (mut c, key, opts) = (c.kv_client(), key.clone(), opts.clone());
                 async move { c.delete(key, Some(opts)).await }
             })
             .await
@@ -285,8 +293,8 @@ impl KvLeaseStore for EtcdStore {
         };
         let res = self
             .pool
-            .call("txn", kind, txn_about(&req), |mut c| {
-                let txn = convert::txn(&req);
+            .call("txn", kind, txn_about(&req), |c| {
+                let (mut c, txn) = (c.kv_client(), convert::txn(&req));
                 async move { c.txn(txn).await }
             })
             .await;
@@ -333,12 +341,10 @@ impl KvLeaseStore for EtcdStore {
         let secs = (ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)) as i64;
         let r = self
             .pool
-            .call(
-                "grant",
-                Kind::Write,
-                &secs.to_le_bytes(),
-                |mut c| async move { c.lease_grant(secs, None).await },
-            )
+            .call("grant", Kind::Write, &secs.to_le_bytes(), |c| {
+                let mut c = c.lease_client();
+                async move { c.grant(secs, None).await }
+            })
             .await?;
         Ok(LeaseGrant::new(
             LeaseId(r.id()),
@@ -349,12 +355,10 @@ impl KvLeaseStore for EtcdStore {
     async fn revoke(&self, lease: LeaseId) -> Result<Revision> {
         let r = self
             .pool
-            .call(
-                "revoke",
-                Kind::Write,
-                &lease.0.to_le_bytes(),
-                |mut c| async move { c.lease_revoke(lease.0).await },
-            )
+            .call("revoke", Kind::Write, &lease.0.to_le_bytes(), |c| {
+                let mut c = c.lease_client();
+                async move { c.revoke(lease.0).await }
+            })
             .await
             .map_err(|e| with_lease(e, Some(lease)))?;
         Ok(Revision(r.header().map_or(0, |h| h.revision())))
@@ -363,18 +367,16 @@ impl KvLeaseStore for EtcdStore {
     async fn time_to_live(&self, lease: LeaseId) -> Result<LeaseTimeToLive> {
         let r = self
             .pool
-            .call(
-                "time-to-live",
-                Kind::Read,
-                &lease.0.to_le_bytes(),
-                |mut c| async move {
-                    c.lease_time_to_live(
+            .call("time-to-live", Kind::Read, &lease.0.to_le_bytes(), |c| {
+                let mut c = c.lease_client();
+                async move {
+                    c.time_to_live(
                         lease.0,
                         Some(etcd_client::LeaseTimeToLiveOptions::new().with_keys()),
                     )
                     .await
-                },
-            )
+                }
+            })
             .await
             .map_err(|e| with_lease(e, Some(lease)))?;
         // etcd answers a dead lease with TTL -1, not an error.
@@ -417,12 +419,10 @@ impl KvLeaseStore for EtcdStore {
     async fn compact(&self, revision: Revision) -> Result<()> {
         let res = self
             .pool
-            .call(
-                "compact",
-                Kind::Write,
-                &revision.get().to_le_bytes(),
-                |mut c| async move { c.compact(revision.get(), None).await },
-            )
+            .call("compact", Kind::Write, &revision.get().to_le_bytes(), |c| {
+                let mut c = c.kv_client();
+                async move { c.compact(revision.get(), None).await }
+            })
             .await;
         match res {
             Ok(_) => Ok(()),

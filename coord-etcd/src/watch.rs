@@ -57,8 +57,8 @@ pub(crate) async fn open(pool: &Arc<Pool>, req: WatchRequest) -> Result<WatchStr
     let key = req.range.start().to_vec();
     // `call` bounds this by the request timeout, the confirmation included.
     let (stream, first, connection) = pool
-        .call_on("watch", Kind::Read, &key, |mut c, connection| {
-            let (key, opts) = (key.clone(), opts.clone());
+        .call_on("watch", Kind::Read, &key, |c, connection| {
+            let (mut c, key, opts) = (c.watch_client(), key.clone(), opts.clone());
             async move {
                 let mut stream = c.watch(key, Some(opts)).await?;
                 // The first answer confirms the watch (or already cancels it).
