@@ -148,44 +148,206 @@ async fn adapter_overhead(r: &mut Report) {
             cm.as_secs_f64() / rm.as_secs_f64()
         ));
     }
-    // Throughput under concurrency: 32 tasks x 250 puts.
-    let tasks = 32;
-    let per = 250;
-    let start = Instant::now();
-    let mut hs = Vec::new();
-    for t in 0..tasks {
-        let mut c = raw.clone();
-        hs.push(tokio::spawn(async move {
-            for i in 0..per {
-                c.put(format!("bench/rawc/{t}/{i}"), "v", None)
-                    .await
-                    .unwrap();
+    // Throughput under concurrency: 32 tasks x 250 puts, raw and coord interleaved round by
+    // round (which goes first alternates), so a machine that speeds up or slows down meanwhile
+    // weighs on both alike.
+    let (tasks, per, rounds) = (32, 250, 6);
+    let mut raw_rates = Vec::new();
+    let mut coord_rates = Vec::new();
+    for round in 0..rounds {
+        for is_coord in [round % 2 == 1, round % 2 == 0] {
+            let start = Instant::now();
+            let mut hs = Vec::new();
+            for t in 0..tasks {
+                let (mut c, s) = (raw.clone(), store.clone());
+                hs.push(tokio::spawn(async move {
+                    for i in 0..per {
+                        if is_coord {
+                            s.put_value(format!("bench/coordc/{t}/{i}"), "v")
+                                .await
+                                .unwrap();
+                        } else {
+                            c.put(format!("bench/rawc/{t}/{i}"), "v", None)
+                                .await
+                                .unwrap();
+                        }
+                    }
+                }));
             }
-        }));
-    }
-    for h in hs {
-        h.await.unwrap();
-    }
-    let raw_rate = (tasks * per) as f64 / start.elapsed().as_secs_f64();
-    let start = Instant::now();
-    let mut hs = Vec::new();
-    for t in 0..tasks {
-        let s = store.clone();
-        hs.push(tokio::spawn(async move {
-            for i in 0..per {
-                s.put_value(format!("bench/coordc/{t}/{i}"), "v")
-                    .await
-                    .unwrap();
+            for h in hs {
+                h.await.unwrap();
             }
-        }));
+            let rate = (tasks * per) as f64 / start.elapsed().as_secs_f64();
+            if is_coord {
+                coord_rates.push(rate);
+            } else {
+                raw_rates.push(rate);
+            }
+        }
     }
-    for h in hs {
-        h.await.unwrap();
-    }
-    let coord_rate = (tasks * per) as f64 / start.elapsed().as_secs_f64();
+    let ratios: Vec<f64> = coord_rates
+        .iter()
+        .zip(&raw_rates)
+        .map(|(c, r)| c / r)
+        .collect();
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
     r.line(format!(
-        "\nConcurrent puts ({tasks} tasks x {per}): raw {raw_rate:.0}/s, coord {coord_rate:.0}/s (coord/raw {:.2}).",
-        coord_rate / raw_rate
+        "\nConcurrent puts ({tasks} tasks x {per}), raw and coord interleaved over {rounds} rounds: raw {:.0}/s, coord {:.0}/s (medians); coord/raw round by round {} (median {:.2}).",
+        median(&raw_rates),
+        median(&coord_rates),
+        ratios.iter().map(|x| format!("{x:.2}")).collect::<Vec<_>>().join(", "),
+        median(&ratios)
+    ));
+}
+
+/// The etcd on PATH's version, as `etcd --version` prints it.
+fn etcd_version() -> String {
+    std::process::Command::new("etcd")
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .map(|l| l.trim_start_matches("etcd Version: ").to_owned())
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// The first instant in `times` at or after `from`, as a duration from it.
+fn first_after(times: &std::sync::Mutex<Vec<Instant>>, from: Instant) -> Option<Duration> {
+    times
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|t| **t >= from)
+        .map(|t| *t - from)
+}
+
+/// Writes after the raft leader of three is killed (kill -9): when coord's first fenced write
+/// succeeds again, beside etcdctl's first put (0.5 s command timeout, retried at once), at the
+/// library's default settings on a cluster with 250 ms elections.
+async fn leader_kill(r: &mut Report) {
+    let version = etcd_version();
+    r.section(&format!(
+        "Writes after the raft leader's kill (etcd {version}, three members, 250 ms elections)"
+    ));
+    // `RUST_LOG=coord_etcd=debug` shows what the store did about the stranded writes.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .try_init();
+    }
+    let runs = 10;
+    let (mut coord, mut ctl, mut on_leader) = (Vec::new(), Vec::new(), 0);
+    for run in 0..runs {
+        let cluster = EtcdCluster::three().await.expect("etcd");
+        let config = coord_etcd::EtcdConfig::new(cluster.endpoints()).with_limits(cluster.limits());
+        let store: Arc<DynKvLeaseStore> = Arc::new(
+            coord_etcd::EtcdStore::connect(config)
+                .await
+                .expect("connect"),
+        );
+        let session = Session::new(store.clone(), SessionConfig::default())
+            .await
+            .expect("a session");
+        let lead = Election::new(&session, "bench/leader-kill")
+            .campaign("w")
+            .await
+            .expect("leads");
+        // Fenced writes back to back, each success's instant kept.
+        let ok = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let writer = {
+            let (ok, fence) = (ok.clone(), lead.fence());
+            tokio::spawn(async move {
+                for i in 0u64.. {
+                    let put = TxnRequest::new()
+                        .and_then([PutRequest::new("bench/fenced", i.to_string())]);
+                    if fence.txn(put).await.is_ok() {
+                        ok.lock().unwrap().push(Instant::now());
+                    }
+                }
+            })
+        };
+        let ctl_ok = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let etcdctl = {
+            let (ok, endpoints) = (ctl_ok.clone(), cluster.endpoints().join(","));
+            tokio::spawn(async move {
+                loop {
+                    let status = tokio::process::Command::new("etcdctl")
+                        .env("ETCDCTL_API", "3")
+                        .args([
+                            "--endpoints",
+                            &endpoints,
+                            "--command-timeout=500ms",
+                            "put",
+                            "bench/ctl",
+                            "v",
+                        ])
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .kill_on_drop(true)
+                        .status()
+                        .await;
+                    if status.is_ok_and(|s| s.success()) {
+                        ok.lock().unwrap().push(Instant::now());
+                    }
+                }
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let leader = cluster.leader().await.expect("a leader");
+        // The store's first endpoint is the member it uses until one fails it.
+        on_leader += usize::from(leader == 0);
+        let killed = Instant::now();
+        cluster.kill(leader);
+        let bound = Duration::from_secs(10);
+        while (first_after(&ok, killed).is_none() || first_after(&ctl_ok, killed).is_none())
+            && killed.elapsed() < bound
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        writer.abort();
+        etcdctl.abort();
+        coord.push(first_after(&ok, killed).unwrap_or(bound));
+        ctl.push(first_after(&ctl_ok, killed).unwrap_or(bound));
+        println!(
+            "leader kill, run {run}: coord {:?}, etcdctl {:?} (the client's member {} the leader)",
+            coord.last().unwrap(),
+            ctl.last().unwrap(),
+            if leader == 0 { "was" } else { "was not" }
+        );
+        drop(lead);
+        drop(session);
+    }
+    let median = |v: &mut Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let show = |v: &[Duration]| {
+        v.iter()
+            .map(|d| format!("{:.2}", d.as_secs_f64()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    r.line(format!(
+        "Time from the kill to the first successful write, {runs} runs (the client's member was the raft leader in {on_leader}):\n"
+    ));
+    r.line("| | median | every run (s) |");
+    r.line("|---|---|---|");
+    let (c, e) = (show(&coord), show(&ctl));
+    r.line(format!(
+        "| coord, fenced txn, library defaults | {} | {c} |",
+        ms(median(&mut coord))
+    ));
+    r.line(format!(
+        "| etcdctl put, 0.5 s command timeout, retried | {} | {e} |",
+        ms(median(&mut ctl))
     ));
 }
 
@@ -913,6 +1075,9 @@ fn main() {
     }
     if run("failover") {
         rt.block_on(failover(&mut r, quick));
+    }
+    if run("leader-kill") {
+        rt.block_on(leader_kill(&mut r));
     }
     if run("hostdown") {
         rt.block_on(host_down_and_heal(&mut r));
