@@ -184,7 +184,13 @@ impl Members {
             Some(e) if now >= e.believed_until => None,
             _ => Some(s.leader),
         };
-        (leader, s.term)
+        // Followers keep the old term until they campaign, an election timeout after they
+        // last heard the lost leader.
+        let term = match s.election {
+            Some(e) if now < e.believed_until => s.term - 1,
+            _ => s.term,
+        };
+        (leader, term)
     }
 
     /// Whether member `i` is up.

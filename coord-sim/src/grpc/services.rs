@@ -18,6 +18,7 @@ use super::gate::{requires_leader, Gate};
 use super::members::EtcdVersion;
 use super::members::{Call, Members};
 use crate::SimStore;
+use coord_api::Revision as Rev;
 
 type Reply<T> = Result<Response<T>, Status>;
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -161,6 +162,22 @@ impl EtcdService {
     }
 }
 
+/// A response header at `revision` carrying the member's raft term, as etcd's do (a lone
+/// store's is 1). A client learns a member's term from every answer (`EtcdStore` judges by
+/// it when a write stranded by a leader change is settled), so it must agree with the status.
+fn header_in(revision: Rev, gate: Option<&Gate>) -> Option<etcd_client::proto::PbResponseHeader> {
+    let mut h = header(revision);
+    in_term(&mut h, gate);
+    h
+}
+
+/// Sets a header's raft term to the member's.
+fn in_term(header: &mut Option<etcd_client::proto::PbResponseHeader>, gate: Option<&Gate>) {
+    if let (Some(h), Some(g)) = (header.as_mut(), gate) {
+        h.raft_term = g.status().1;
+    }
+}
+
 fn unimplemented<T>(what: &str) -> Reply<T> {
     Err(Status::unimplemented(format!(
         "coord-sim does not serve {what}"
@@ -174,7 +191,9 @@ impl PbKvService for EtcdService {
         self.admit(requires_leader(&request), Call::Read).await?;
         let req = convert::get(request.into_inner())?;
         let r = store.get(req).await.map_err(status)?;
-        Ok(Response::new(convert::get_response(r)))
+        let mut resp = convert::get_response(r);
+        in_term(&mut resp.header, self.gate.as_ref());
+        Ok(Response::new(resp))
     }
 
     type RangeStreamStream = BoxStream<PbRangeStreamResponse>;
@@ -191,7 +210,9 @@ impl PbKvService for EtcdService {
         self.admit(requires_leader(&request), Call::Write).await?;
         let req = convert::put(request.into_inner())?;
         let r = store.put(req).await.map_err(status)?;
-        Ok(Response::new(convert::put_response(r)))
+        let mut resp = convert::put_response(r);
+        in_term(&mut resp.header, self.gate.as_ref());
+        Ok(Response::new(resp))
     }
 
     async fn delete_range(&self, request: Request<PbDeleteRequest>) -> Reply<PbDeleteResponse> {
@@ -199,7 +220,9 @@ impl PbKvService for EtcdService {
         self.admit(requires_leader(&request), Call::Write).await?;
         let req = convert::delete(request.into_inner())?;
         let r = store.delete(req).await.map_err(status)?;
-        Ok(Response::new(convert::delete_response(r)))
+        let mut resp = convert::delete_response(r);
+        in_term(&mut resp.header, self.gate.as_ref());
+        Ok(Response::new(resp))
     }
 
     async fn txn(&self, request: Request<PbTxnRequest>) -> Reply<PbTxnResponse> {
@@ -212,7 +235,9 @@ impl PbKvService for EtcdService {
         self.admit(requires_leader(&request), call).await?;
         let req = convert::txn(request.into_inner())?;
         let r = store.txn(req).await.map_err(status)?;
-        Ok(Response::new(convert::txn_response(r)))
+        let mut resp = convert::txn_response(r);
+        in_term(&mut resp.header, self.gate.as_ref());
+        Ok(Response::new(resp))
     }
 
     async fn compact(&self, request: Request<PbCompactionRequest>) -> Reply<PbCompactionResponse> {
@@ -221,7 +246,7 @@ impl PbKvService for EtcdService {
         let rev = request.into_inner().revision;
         store.compact(Revision(rev)).await.map_err(status)?;
         Ok(Response::new(PbCompactionResponse {
-            header: header(self.store.revision()),
+            header: header_in(self.store.revision(), self.gate.as_ref()),
         }))
     }
 }
@@ -245,7 +270,7 @@ impl PbLeaseService for EtcdService {
         let ttl = Duration::from_secs(r.ttl.max(0) as u64);
         let g = store.grant(ttl).await.map_err(status)?;
         Ok(Response::new(PbLeaseGrantResponse {
-            header: header(self.store.revision()),
+            header: header_in(self.store.revision(), self.gate.as_ref()),
             id: g.id.0,
             ttl: seconds(g.ttl),
             error: String::new(),
@@ -263,7 +288,7 @@ impl PbLeaseService for EtcdService {
             .await
             .map_err(status)?;
         Ok(Response::new(PbLeaseRevokeResponse {
-            header: header(rev),
+            header: header_in(rev, self.gate.as_ref()),
         }))
     }
 
@@ -302,7 +327,7 @@ impl PbLeaseService for EtcdService {
                     }
                 };
                 yield Ok(PbLeaseKeepAliveResponse {
-                    header: header(store.revision()),
+                    header: header_in(store.revision(), gate.as_ref()),
                     id: id.0,
                     ttl,
                 });
@@ -334,7 +359,7 @@ impl PbLeaseService for EtcdService {
             Err(e) => return Err(status(e)),
         };
         Ok(Response::new(PbLeaseTimeToLiveResponse {
-            header: header(self.store.revision()),
+            header: header_in(self.store.revision(), self.gate.as_ref()),
             id: id.0,
             ttl,
             granted_ttl: granted,
@@ -414,7 +439,7 @@ async fn serve_watches(
                     }
                 };
                 let _ = out.send(Ok(PbWatchResponse {
-                    header: header(store.revision()),
+                    header: header_in(store.revision(), gate.as_ref()),
                     watch_id: id,
                     created: true,
                     ..Default::default()
@@ -429,7 +454,7 @@ async fn serve_watches(
                     task.abort();
                 }
                 let _ = out.send(Ok(PbWatchResponse {
-                    header: header(store.revision()),
+                    header: header_in(store.revision(), gate.as_ref()),
                     watch_id: c.watch_id,
                     canceled: true,
                     ..Default::default()
@@ -440,7 +465,7 @@ async fn serve_watches(
                     g.while_cut_off().await;
                 }
                 let _ = out.send(Ok(PbWatchResponse {
-                    header: header(store.revision()),
+                    header: header_in(store.revision(), gate.as_ref()),
                     watch_id: -1,
                     ..Default::default()
                 }));
@@ -462,7 +487,7 @@ async fn forward(id: i64, mut stream: coord_api::WatchStream, out: Out, gate: Op
         }
         let reply = match item {
             Ok(batch) => Ok(PbWatchResponse {
-                header: header(batch.revision),
+                header: header_in(batch.revision, gate.as_ref()),
                 watch_id: id,
                 events: batch.events.into_iter().map(convert::event).collect(),
                 ..Default::default()
@@ -471,7 +496,7 @@ async fn forward(id: i64, mut stream: coord_api::WatchStream, out: Out, gate: Op
                 compact_revision, ..
             }) => {
                 let _ = out.send(Ok(PbWatchResponse {
-                    header: header(compact_revision),
+                    header: header_in(compact_revision, gate.as_ref()),
                     watch_id: id,
                     canceled: true,
                     compact_revision: compact_revision.get(),
@@ -499,7 +524,7 @@ impl PbMaintenanceService for EtcdService {
         self.admit(requires_leader(&request), Call::Local).await?;
         let (leader, raft_term) = self.gate.as_ref().map_or((1, 1), Gate::status);
         Ok(Response::new(PbStatusResponse {
-            header: header(self.store.revision()),
+            header: header_in(self.store.revision(), self.gate.as_ref()),
             version: self
                 .gate
                 .as_ref()
