@@ -239,26 +239,40 @@ mod tests {
     use super::*;
     use crate::config::EtcdConfig;
 
-    /// A renewal abandoned unanswered (the session's next renewal fell due) on a member that
-    /// accepted the connection and answers nothing moves requests to the next member: the
-    /// renewal sent instead opens there, not on a fresh connection to the same stalled one.
-    #[tokio::test]
-    async fn an_abandoned_renewal_moves_to_the_next_member() {
-        let (_silent, channel) = Pool::silent_member();
-        let timeout = Duration::from_secs(60);
+    /// The request timeout of the pools below: far above any bound a test asserts.
+    const TIMEOUT: Duration = Duration::from_secs(60);
+
+    /// A pool of `members` members that accept connections and answer nothing, and a renewal
+    /// of lease 1 on it, once on the wire (sent on member 0's connection).
+    async fn renewal_on_a_silent_member(
+        members: usize,
+    ) -> (Arc<Pool>, tokio::task::JoinHandle<Result<Duration>>) {
+        let (silent, channel) = Pool::silent_member();
         let pool = Pool::new(
-            EtcdConfig::new(["unused:1"]).with_request_timeout(timeout),
-            vec![channel.clone(), channel],
+            EtcdConfig::new(["unused:1"]).with_request_timeout(TIMEOUT),
+            vec![channel; members],
         );
-        assert_eq!(pool.current(), 0);
         let mut keep_alive = EtcdKeepAlive::new(pool.clone(), LeaseId(1));
-        let renewal = tokio::spawn(async move { keep_alive.renew().await });
-        coord_api::testkit::within(timeout / 6, "the renewal on the wire", async {
+        let renewal = tokio::spawn(async move {
+            let _silent = silent;
+            keep_alive.renew().await
+        });
+        coord_api::testkit::within(TIMEOUT / 6, "the renewal on the wire", async {
             while !pool.is_waited_on(0) {
                 tokio::task::yield_now().await;
             }
         })
         .await;
+        (pool, renewal)
+    }
+
+    /// A renewal abandoned unanswered (the session's next renewal fell due) on a member that
+    /// accepted the connection and answers nothing moves requests to the next member: the
+    /// renewal sent instead opens there, not on a fresh connection to the same stalled one.
+    #[tokio::test]
+    async fn an_abandoned_renewal_moves_to_the_next_member() {
+        let (pool, renewal) = renewal_on_a_silent_member(2).await;
+        assert_eq!(pool.current(), 0);
         // The session gives up waiting: it drops the renewal where it waits.
         renewal.abort();
         assert!(renewal.await.unwrap_err().is_cancelled());
@@ -275,22 +289,9 @@ mod tests {
     /// not at the request timeout: the session renews again at once, on a fresh connection.
     #[tokio::test]
     async fn a_renewal_whose_connection_is_replaced_ends_at_once() {
-        let (_silent, channel) = Pool::silent_member();
-        let timeout = Duration::from_secs(60);
-        let pool = Pool::new(
-            EtcdConfig::new(["unused:1"]).with_request_timeout(timeout),
-            vec![channel],
-        );
-        let mut keep_alive = EtcdKeepAlive::new(pool.clone(), LeaseId(1));
         let start = Instant::now();
-        let renewal = tokio::spawn(async move { keep_alive.renew().await });
+        let (pool, renewal) = renewal_on_a_silent_member(1).await;
         // Once the renewal is on the wire, another request gives up on the connection.
-        coord_api::testkit::within(timeout / 6, "the renewal on the wire", async {
-            while !pool.is_waited_on(0) {
-                tokio::task::yield_now().await;
-            }
-        })
-        .await;
         pool.reconnect(0);
         let result = renewal.await.unwrap();
         assert!(
@@ -298,7 +299,7 @@ mod tests {
             "{result:?}"
         );
         // Far below the 60 s request timeout it would otherwise wait out, whatever the load.
-        assert!(start.elapsed() < timeout / 6, "{:?}", start.elapsed());
+        assert!(start.elapsed() < TIMEOUT / 6, "{:?}", start.elapsed());
         // The fresh connection is left be: the abandoned renewal counts against nothing.
         assert!(!pool.is_waited_on(0));
     }
