@@ -2,7 +2,8 @@
 //! recipes on the production `EtcdStore` (etcd-client, tonic, h2) over simulated TCP, against
 //! the simulator served as a cluster of three etcd members. Turmoil's faults (partitions both
 //! ways and one way, holds, latency, node crashes and bounces), the members' (a follower
-//! killed or cut off, the leader killed, leadership handed over) and the store's own.
+//! killed, cut off, stalled or slow, the leader killed, leadership handed over) and the
+//! store's own.
 //!
 //! `CHAOS_TURMOIL_SEEDS` runs more seeds.
 
@@ -54,17 +55,20 @@ fn seeded_turmoil_runs_hold_every_invariant() {
         .assert_clean();
 }
 
-/// Member faults alone (a follower killed or cut off, the leader killed, leadership handed
-/// over), so that each meets the invariants without other faults around it: L2 holds a node
-/// to riding through a follower's loss and a transfer, which exercises `EtcdStore`'s
-/// failover across the members from a seed.
+/// Member faults alone (a follower killed, cut off, stalled or slow, the leader killed,
+/// leadership handed over), so that each meets the invariants without other faults around it:
+/// L2 holds a node to riding through a follower's loss and a transfer, which exercises
+/// `EtcdStore`'s failover across the members from a seed.
 #[test]
 fn member_faults_hold_every_invariant() {
+    // Seeds that ever failed: 50677 (L2: a renewal abandoned on a member just cut off from its
+    // peers, which still answered its status, was sent again to that member, as was the
+    // re-send, until the session's deadline).
     Runner::new(CoordService)
         .scenario(member_faults())
         .turmoil(true)
         .replay_with(replay(" --faults members"))
-        .run(0..seeds() * 2)
+        .run((0..seeds() * 2).chain([50677]))
         .assert_clean();
 }
 

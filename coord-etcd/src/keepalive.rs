@@ -188,9 +188,9 @@ fn replaced_under_it() -> Error {
     }
 }
 
-/// Leaves the member of a renewal dropped before its answer came, if its connection answered
-/// nothing since: the connection is replaced and requests move to the next member (see
-/// [`Pool::abandon_if_silent_since`]), so the renewal that goes instead goes elsewhere. A
+/// Leaves the member of a renewal dropped before its answer came: requests move to the next
+/// member, so the renewal that goes instead goes elsewhere, and the connection is replaced if
+/// it answered nothing since (see [`Pool::unanswered`]). A
 /// stalled member (a paused process whose kernel still accepts connections) answers a fresh
 /// connection no better: a renewal re-sent to it was abandoned again a renewal period later,
 /// and a 3 s session expired 2-2.3 s after its member stopped, two healthy members beside it.
@@ -225,10 +225,14 @@ impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if !self.done {
             use coord_api::planted::{enabled, Bug};
-            if enabled(Bug::AbandonedRenewalStaysOnMember) {
-                self.pool.unanswered(self.endpoint, self.sent);
-            } else {
-                self.pool.abandon_if_silent_since(self.endpoint, self.sent);
+            // The connection goes if it answered nothing since (dead, or the member stalled);
+            // the renewal goes elsewhere either way: a member that answers other requests yet
+            // holds renewals (cut off from its peers, its leader lost) is no use for them
+            // (turmoil seed 50677: a member cut off while it still answered its status held
+            // the re-sent renewal too, and the session expired).
+            self.pool.unanswered(self.endpoint, self.sent);
+            if !enabled(Bug::AbandonedRenewalStaysOnMember) {
+                self.pool.fail_over(self.endpoint);
             }
         }
     }
@@ -282,6 +286,23 @@ mod tests {
             "the next renewal goes to the next member"
         );
         assert!(!pool.is_waited_on(0), "the stalled connection was replaced");
+    }
+
+    /// The same when the member answered something else since the renewal was sent (a member
+    /// cut off from its peers answers its status, yet holds renewals): the renewal still goes
+    /// elsewhere, and the connection, alive, is kept (turmoil seed 50677).
+    #[tokio::test]
+    async fn a_renewal_abandoned_on_a_member_that_answers_else_moves_too() {
+        let (pool, renewal) = renewal_on_a_silent_member(2).await;
+        let replaced = pool.connection_at(0).await.unwrap().1;
+        pool.answered(0, Instant::now());
+        renewal.abort();
+        assert!(renewal.await.unwrap_err().is_cancelled());
+        assert_eq!(pool.current(), 1, "the renewal goes to the next member");
+        assert!(
+            !replaced.is_cancelled(),
+            "a connection that answered is kept"
+        );
     }
 
     /// A keep-alive whose opening hangs on a member that accepted the connection and answers
