@@ -170,10 +170,13 @@ impl KeepAlive for EtcdKeepAlive {
         match tokio::time::timeout(timeout, self.renew_once()).await {
             Ok(r) => r,
             Err(_) => {
-                if let Some(open) = &self.stream {
-                    self.pool.reconnect(open.endpoint);
+                // Moved on before the connection goes (see `Pool::abandon_if_silent_since`).
+                let endpoint = self.stream.as_ref().map(|open| open.endpoint);
+                let closed = self.closed(format!("no answer within {timeout:?}"));
+                if let Some(endpoint) = endpoint {
+                    self.pool.reconnect(endpoint);
                 }
-                Err(self.closed(format!("no answer within {timeout:?}")))
+                Err(closed)
             }
         }
     }
@@ -230,10 +233,10 @@ impl Drop for InFlight<'_> {
             // holds renewals (cut off from its peers, its leader lost) is no use for them
             // (turmoil seed 50677: a member cut off while it still answered its status held
             // the re-sent renewal too, and the session expired).
-            self.pool.unanswered(self.endpoint, self.sent);
             if !enabled(Bug::AbandonedRenewalStaysOnMember) {
                 self.pool.fail_over(self.endpoint);
             }
+            self.pool.unanswered(self.endpoint, self.sent);
         }
     }
 }

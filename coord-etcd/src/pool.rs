@@ -422,9 +422,14 @@ impl Pool {
     /// live member's answer time: unless the connection answered anything since, it is
     /// replaced (with the others [`unanswered`](Self::unanswered) replaces) and requests move
     /// to the next member (a stopped member answers nothing, yet its connection stays open).
+    /// Requests move before the connection goes: a read or a stream the replacement ends
+    /// goes again at once, perhaps on another thread, and must find the next member, not
+    /// this one again (a bare read on real etcd did, and waited on the stalled member for
+    /// another two seconds).
     pub(crate) fn abandon_if_silent_since(&self, i: usize, since: Instant) {
-        if self.unanswered(i, since) {
+        if self.silent_since(i, since) {
             self.fail_over(i);
+            self.unanswered(i, since);
         }
     }
 
@@ -464,11 +469,12 @@ impl Pool {
         if cut_off && enabled(Bug::FailoverStaysOnNoLeader) {
             return;
         }
+        // Moved first, as in `abandon_if_silent_since`: the streams ended go to the next.
+        self.fail_over(from);
         if cut_off {
             tracing::debug!(endpoint = %self.endpoints[from].url, "member has no leader; ending its streams");
             self.reconnect(from);
         }
-        self.fail_over(from);
     }
 
     pub(crate) fn request_timeout(&self) -> Duration {
@@ -580,10 +586,11 @@ impl Pool {
                 Ok(Err(e)) => e,
                 Err(_) => {
                     // A member that answers nothing within the request timeout (stopped,
-                    // cut off) would hold the next request as long: move on.
+                    // cut off) would hold the next request as long: move on (first, so that
+                    // what the replacement ends goes again on the next member).
+                    self.fail_over(idx);
                     self.reconnect(idx);
                     self.reconnect_waiting_since(idx, sent);
-                    self.fail_over(idx);
                     let source = format!("no answer within {:?}", self.request_timeout());
                     return Err(match kind {
                         Kind::Read => Error::Unavailable {
