@@ -2,14 +2,19 @@
 //! `members/probe.rs`, whose figures are the "real" column of the member table (the simulator's
 //! run of the same probe is `members_sim.rs`).
 
+#[path = "members/bare.rs"]
+mod bare;
+#[path = "members/cluster.rs"]
+mod cluster;
 #[path = "members/probe.rs"]
 mod probe;
 
 use std::time::Duration;
 
+use cluster::{options, Members};
 use coord_etcd::testing::EtcdCluster;
+use coord_etcd::{EtcdConfig, EtcdStore};
 use etcd_client::Client;
-use probe::{options, Members};
 
 struct Real(EtcdCluster);
 
@@ -65,10 +70,17 @@ impl Members for Real {
     fn election_timeout(&self) -> Duration {
         Duration::from_millis(250)
     }
+
+    async fn store(&self, first: usize) -> EtcdStore {
+        let endpoints = (0..3).map(|k| self.0.endpoint((first + k) % 3));
+        EtcdStore::connect(EtcdConfig::new(endpoints))
+            .await
+            .expect("a store of every member")
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn member_failures_as_a_client_sees_them_on_etcd() {
+/// Starts three members that can be cut off from each other.
+async fn cluster() -> Real {
     let cluster = EtcdCluster::builder()
         .members(3)
         .fast_elections(true)
@@ -76,10 +88,26 @@ async fn member_failures_as_a_client_sees_them_on_etcd() {
         .start()
         .await
         .unwrap_or_else(|e| panic!("cannot start etcd: {e}"));
-    let real = Real(cluster);
+    Real(cluster)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_failures_as_a_client_sees_them_on_etcd() {
+    let real = cluster().await;
     let figures = probe::probe(&real).await;
     for (what, figure) in figures.rows() {
         println!("measured (etcd): {what:<64} {figure}");
     }
     figures.assert_like_etcd(REQUEST_TIMEOUT, real.election_timeout());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bare_requests_leave_a_sick_member_on_etcd() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .try_init();
+    let real = cluster().await;
+    for (what, figure) in bare::bare_requests(&real).await.rows {
+        println!("measured (etcd): {what:<40} {figure}");
+    }
 }

@@ -2,98 +2,19 @@
 //! (the one `members_etcd.rs` runs on real etcd) on a [`SimCluster`] of three members under
 //! turmoil, held to the same assertions. Its figures are the "sim" column of the member table.
 
+#[path = "members/bare.rs"]
+mod bare;
+#[path = "members/cluster.rs"]
+mod cluster;
 #[path = "members/probe.rs"]
 mod probe;
+#[path = "members/sim.rs"]
+mod sim;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use coord_sim::grpc::{channel, EtcdVersion, SimCluster, ETCD_PORT};
-use etcd_client::Client;
-use probe::{options, Members};
-use tokio::sync::oneshot;
-
-const ET: Duration = Duration::from_millis(250);
-
-/// What the probe asks of the simulation's driver, which alone can crash and bounce hosts.
-enum Ask {
-    Leader(oneshot::Sender<Option<usize>>),
-    Kill(usize, oneshot::Sender<()>),
-    Restart(usize, oneshot::Sender<()>),
-    Isolate(usize, oneshot::Sender<()>),
-    Rejoin(oneshot::Sender<()>),
-    MoveLeader(usize, oneshot::Sender<()>),
-    Stall(usize, oneshot::Sender<()>),
-    Thaw(usize, oneshot::Sender<()>),
-}
-
-type Asks = Arc<Mutex<Vec<Ask>>>;
-
-struct Simulated {
-    hosts: Vec<String>,
-    asks: Asks,
-}
-
-impl Simulated {
-    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Ask) -> T {
-        let (tx, rx) = oneshot::channel();
-        self.asks.lock().unwrap().push(make(tx));
-        rx.await.expect("the driver answers")
-    }
-}
-
-#[async_trait::async_trait]
-impl Members for Simulated {
-    async fn client(&self, i: usize, require_leader: bool) -> Result<Client, String> {
-        Client::from_channel(
-            etcd_client::Channel::Tonic(channel(&self.hosts[i], ETCD_PORT)),
-            Some(options(require_leader)),
-        )
-        .await
-        .map_err(|e| e.to_string())
-    }
-
-    async fn leader(&self) -> usize {
-        loop {
-            if let Some(l) = self.ask(Ask::Leader).await {
-                return l;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    async fn kill(&self, i: usize) {
-        self.ask(|tx| Ask::Kill(i, tx)).await;
-    }
-
-    async fn restart(&self, i: usize) {
-        self.ask(|tx| Ask::Restart(i, tx)).await;
-    }
-
-    async fn isolate(&self, i: usize) {
-        self.ask(|tx| Ask::Isolate(i, tx)).await;
-    }
-
-    async fn rejoin(&self) {
-        self.ask(Ask::Rejoin).await;
-    }
-
-    async fn move_leader(&self, to: usize) {
-        self.ask(|tx| Ask::MoveLeader(to, tx)).await;
-    }
-
-    async fn stall(&self, i: usize) {
-        self.ask(|tx| Ask::Stall(i, tx)).await;
-    }
-
-    async fn thaw(&self, i: usize) {
-        self.ask(|tx| Ask::Thaw(i, tx)).await;
-    }
-
-    fn election_timeout(&self) -> Duration {
-        ET
-    }
-}
+use coord_sim::grpc::EtcdVersion;
+use sim::{on_the_simulator, ET};
 
 #[test]
 fn member_failures_as_a_client_sees_them_on_the_simulator_as_etcd_3_5() {
@@ -106,79 +27,30 @@ fn member_failures_as_a_client_sees_them_on_the_simulator_as_etcd_3_4() {
 }
 
 fn probe_the_simulator(version: EtcdVersion) {
-    let mut sim = turmoil::Builder::new()
-        .rng_seed(1)
-        .tick_duration(Duration::from_millis(1))
-        .min_message_latency(Duration::from_millis(1))
-        .max_message_latency(Duration::from_millis(1))
-        .simulation_duration(Duration::from_secs(300))
-        .build();
-    let cluster = SimCluster::builder()
-        .members(3)
-        .election_timeout(ET)
-        .version(version)
-        .add_to(&mut sim);
-    let asks = Asks::default();
-    let figures = Arc::new(Mutex::new(None));
-    let m = Simulated {
-        hosts: (0..cluster.len())
-            .map(|i| cluster.host(i).to_owned())
-            .collect(),
-        asks: asks.clone(),
-    };
-    let out = figures.clone();
-    sim.client("probe", async move {
-        // Let the members start.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        *out.lock().unwrap() = Some(probe::probe(&m).await);
-        Ok(())
-    });
-    loop {
-        for ask in std::mem::take(&mut *asks.lock().unwrap()) {
-            let done = match ask {
-                Ask::Leader(tx) => {
-                    let _ = tx.send(cluster.leader(&sim));
-                    continue;
-                }
-                Ask::Kill(i, tx) => {
-                    cluster.kill(&sim, i);
-                    tx
-                }
-                Ask::Restart(i, tx) => {
-                    cluster.restart(i);
-                    tx
-                }
-                Ask::Isolate(i, tx) => {
-                    cluster.isolate(&sim, i);
-                    tx
-                }
-                Ask::Rejoin(tx) => {
-                    cluster.rejoin(&sim);
-                    tx
-                }
-                Ask::MoveLeader(i, tx) => {
-                    cluster.transfer_leader(&sim, i);
-                    tx
-                }
-                Ask::Stall(i, tx) => {
-                    cluster.stall(&sim, i);
-                    tx
-                }
-                Ask::Thaw(i, tx) => {
-                    cluster.thaw(i);
-                    tx
-                }
-            };
-            let _ = done.send(());
-        }
-        if sim.step().expect("the simulation runs") {
-            break;
-        }
-    }
-    let figures = figures.lock().unwrap().take().expect("the probe finished");
+    let figures = on_the_simulator(version, |m| async move { probe::probe(&m).await });
     for (what, figure) in figures.rows() {
         println!("measured (sim):  {what:<64} {figure}");
     }
     // etcd's request timeout, as on real etcd: 5 s plus two election timeouts.
     figures.assert_like_etcd(Duration::from_secs(5), ET);
+}
+
+#[test]
+fn bare_requests_leave_a_sick_member_on_the_simulator_as_etcd_3_5() {
+    bare_on_the_simulator(EtcdVersion::V3_5);
+}
+
+#[test]
+fn bare_requests_leave_a_sick_member_on_the_simulator_as_etcd_3_4() {
+    bare_on_the_simulator(EtcdVersion::V3_4);
+}
+
+fn bare_on_the_simulator(version: EtcdVersion) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .try_init();
+    let bare = on_the_simulator(version, |m| async move { bare::bare_requests(&m).await });
+    for (what, figure) in bare.rows {
+        println!("measured (sim):  {what:<40} {figure}");
+    }
 }

@@ -68,9 +68,11 @@ pub enum Bug {
     /// seen. Caught by S4/S5.
     WatcherTrustsProgressAnswers,
     /// `EtcdStore` retries a member that answers `no leader` instead of moving to the next:
-    /// a client whose member is cut off from its peers stays on it, its sessions cannot
-    /// renew, and their leases expire while a majority serves. Caught by L2 (a member cut off
-    /// is ridden through), over turmoil with members.
+    /// a client whose member is cut off from its peers stays on it while a majority serves.
+    /// A session leaves such a member on its own (its renewals go unanswered there, and an
+    /// abandoned renewal moves the pool), so the chaos runs cannot see it; a client with no
+    /// session can. Caught by the member suites' bare-request case (coord-tests'
+    /// `planted_members`), not by the chaos checkers.
     FailoverStaysOnNoLeader,
     /// A semaphore's waiter follows only its own key, not the keys ahead of it: a release
     /// never wakes it, and a seat it reaches goes unused (its key holds the seat, nobody

@@ -2,9 +2,9 @@
 //!
 //! Built only with `--features planted-bugs,turmoil` (coord-api then compiles its planted
 //! defects in, all off); this test switches them on one at a time, process-wide, so it is one
-//! test. The recipes' bugs are hunted in-process; `EtcdStore`'s failover bugs over turmoil,
-//! on three members under member faults alone (where a member cut off, stalled or slow is not
-//! drowned out by other faults).
+//! test. The recipes' bugs are hunted in-process; `EtcdStore`'s failover bug over turmoil,
+//! on three members under member faults alone (where a member stalled or slow is not drowned
+//! out by other faults).
 
 use coord_api::planted::{self, Bug};
 use coord_chaos::{CoordService, FaultKind, Runner, Scenario};
@@ -16,12 +16,10 @@ const SEEDS: u64 = 40;
 /// Where a bug is hunted.
 fn runner_for(bug: Bug) -> Runner {
     match bug {
-        Bug::FailoverStaysOnNoLeader | Bug::AbandonedRenewalStaysOnMember => {
-            Runner::new(CoordService)
-                .scenario(member_faults())
-                .turmoil(true)
-                .jobs(1)
-        }
+        Bug::AbandonedRenewalStaysOnMember => Runner::new(CoordService)
+            .scenario(member_faults())
+            .turmoil(true)
+            .jobs(1),
         _ => Runner::new(CoordService).jobs(1),
     }
 }
@@ -47,7 +45,12 @@ fn every_planted_bug_is_caught() {
         );
     }
     let mut missed = Vec::new();
-    for bug in Bug::ALL {
+    // Hidden from the chaos runs by the sessions' own failover; the member suites' bare
+    // client catches it (coord-tests' `planted_members`).
+    for bug in Bug::ALL
+        .into_iter()
+        .filter(|&b| b != Bug::FailoverStaysOnNoLeader)
+    {
         planted::enable(&[bug]);
         let runner = runner_for(bug);
         let caught = (0..SEEDS).find_map(|seed| {

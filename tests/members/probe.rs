@@ -5,34 +5,11 @@
 
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, GetOptions, PutOptions, WatchOptions};
+use etcd_client::{Client, GetOptions, PutOptions, WatchOptions};
 use futures::StreamExt;
 use tokio::time::Instant;
 
-/// A cluster whose members the probe can fail, on real etcd or on the simulator.
-#[async_trait::async_trait]
-pub(crate) trait Members: Send + Sync {
-    /// A client of member `i` alone, sending etcd's require-leader metadata or not.
-    async fn client(&self, i: usize, require_leader: bool) -> Result<Client, String>;
-    /// The raft leader's index.
-    async fn leader(&self) -> usize;
-    /// Kills member `i` (SIGKILL; a turmoil crash).
-    async fn kill(&self, i: usize);
-    /// Starts killed member `i` again on its data.
-    async fn restart(&self, i: usize);
-    /// Cuts member `i` off from its peers; clients still reach it.
-    async fn isolate(&self, i: usize);
-    /// Ends [`isolate`](Self::isolate).
-    async fn rejoin(&self);
-    /// Hands raft leadership to member `to`.
-    async fn move_leader(&self, to: usize);
-    /// Stalls member `i` (SIGSTOP: its kernel still accepts, nothing answers).
-    async fn stall(&self, i: usize);
-    /// Ends [`stall`](Self::stall) (SIGCONT).
-    async fn thaw(&self, i: usize);
-    /// The members' election timeout.
-    fn election_timeout(&self) -> Duration;
-}
+use super::cluster::Members;
 
 /// How long the probe waits for any one answer.
 pub(crate) const PATIENCE: Duration = Duration::from_secs(10);
@@ -344,13 +321,6 @@ async fn connected(m: &dyn Members, i: usize, require_leader: bool) -> Client {
     m.client(i, require_leader)
         .await
         .unwrap_or_else(|e| panic!("member {i}: {e}"))
-}
-
-/// Connect options for the probe's clients.
-pub(crate) fn options(require_leader: bool) -> ConnectOptions {
-    ConnectOptions::new()
-        .with_require_leader(require_leader)
-        .with_connect_timeout(Duration::from_secs(1))
 }
 
 /// Runs the probe on a healthy three-member cluster. Each step heals what it did and waits
