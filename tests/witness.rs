@@ -12,14 +12,15 @@
 //! member the test stops or cuts off delays only its own observer.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use coord_api::recipes::ClusterWatcher;
 use coord_api::{Event, EventKind, KeyValue, LeaseId, Revision};
 use coord_chaos::{
-    check, record_watcher, CoordService, Happening, History, Incarnation, Recorder, Scenario,
-    Service, Violation,
+    check, record_watcher, CoordService, Fault, FaultKind, Happening, History, Incarnation,
+    Recorder, Scenario, Service, Violation,
 };
 use coord_sim::journal::{Entry, Origin};
 use etcd_client::{Client, EventType, WatchOptions};
@@ -54,6 +55,8 @@ pub(crate) struct Witness {
     pins: Arc<Mutex<Vec<(Incarnation, Revision, i64)>>>,
     pinning: Mutex<Vec<JoinHandle<()>>>,
     ttl: Duration,
+    /// Operator actions recorded, to tell their faults apart.
+    operator_acts: AtomicU64,
 }
 
 impl Witness {
@@ -98,6 +101,7 @@ impl Witness {
             pins: Arc::default(),
             pinning: Mutex::default(),
             ttl,
+            operator_acts: AtomicU64::new(0),
         }
     }
 
@@ -142,6 +146,22 @@ impl Witness {
             }
         });
         self.pinning.lock().unwrap().push(pin);
+    }
+
+    /// Records that the test, as an operator, is about to delete or revoke keys: a leader so
+    /// deposed learns it from its watch just as its successor does, so S2 excuses their
+    /// beliefs' overlap (as it excuses the chaos runner's operator faults), while S3 still
+    /// bounds how long the deposed one believes.
+    pub(crate) fn operator_acts(&self) {
+        let fault = Fault {
+            at: Duration::ZERO,
+            kind: FaultKind::Delete,
+            node: 0,
+            length: Duration::ZERO,
+            pick: self.operator_acts.fetch_add(1, Ordering::Relaxed),
+        };
+        self.recorder.record(Happening::FaultStart(fault.clone()));
+        self.recorder.record(Happening::FaultEnd(fault));
     }
 
     /// Records that `name` no longer believes it leads.
