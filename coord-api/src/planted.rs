@@ -92,11 +92,16 @@ pub enum Bug {
     /// waits there too, and the session runs out while two healthy members stand beside it.
     /// Caught by L2 (a follower stalled or slow is ridden through), over turmoil with members.
     AbandonedRenewalStaysOnMember,
+    /// A mutex guard's `unlock` hands its key's delete to the background (as a drop does) and
+    /// returns `Ok` at once: the lock is free a moment later, so exclusivity and liveness
+    /// hold, but a caller told "released" may exit with its key still standing. Caught only
+    /// by L7 on a hold's end (a clean unlock leaves no key).
+    UnlockReturnsBeforeDelete,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 22] = [
+    pub const ALL: [Bug; 23] = [
         Bug::CampaignSkipsOwnKeyCheck,
         Bug::WatcherResumesFromNow,
         Bug::WatcherIgnoresCompaction,
@@ -119,6 +124,7 @@ impl Bug {
         Bug::ResignIgnoresNewerCampaign,
         Bug::HealOutlivesTheStop,
         Bug::AbandonedRenewalStaysOnMember,
+        Bug::UnlockReturnsBeforeDelete,
     ];
 
     /// A stable name for command lines and reports.
@@ -146,6 +152,7 @@ impl Bug {
             Bug::ResignIgnoresNewerCampaign => "resign-ignores-newer-campaign",
             Bug::HealOutlivesTheStop => "heal-outlives-the-stop",
             Bug::AbandonedRenewalStaysOnMember => "abandoned-renewal-stays-on-member",
+            Bug::UnlockReturnsBeforeDelete => "unlock-returns-before-delete",
         }
     }
 

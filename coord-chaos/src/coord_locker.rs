@@ -19,7 +19,9 @@ use coord_api::recipes::{
 use coord_api::sync::Stop;
 use coord_api::Revision;
 
+use crate::coord_node::stop_part;
 use crate::fenced_act::write_through;
+use crate::history::Part;
 use crate::rng::Rng;
 use crate::service::Node;
 
@@ -143,7 +145,11 @@ pub(crate) async fn locker(
         match held {
             Held::LetGo if rng.chance(0.5) => drop(guard),
             Held::LetGo | Held::Stopped => {
-                let _ = guard.release().await;
+                let part = Part::Hold {
+                    of: what.name().to_owned(),
+                    token,
+                };
+                let _ = stop_part(&node, part, guard.release()).await;
             }
             Held::Lost => {}
         }
@@ -152,10 +158,17 @@ pub(crate) async fn locker(
     // delete, and may leave a write in flight: the stop must not return before they have
     // settled and the keys are gone.
     for session in sessions {
-        match what {
-            Shared::Lock => Mutex::new(session, LOCK).leave().await?,
-            Shared::Permit => Semaphore::new(session, SEMAPHORE, PERMITS).leave().await?,
-        }
+        let part = Part::Queue {
+            of: what.name().to_owned(),
+            lease: session.lease(),
+        };
+        let leave = async {
+            match what {
+                Shared::Lock => Mutex::new(session, LOCK).leave().await,
+                Shared::Permit => Semaphore::new(session, SEMAPHORE, PERMITS).leave().await,
+            }
+        };
+        stop_part(&node, part, leave).await?;
     }
     Ok(())
 }

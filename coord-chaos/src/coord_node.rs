@@ -104,12 +104,12 @@ async fn run(node: Node) {
             _ = &mut stopping => break,
             Some(req) = parts.recv() => match req.pick % 3 {
                 0 => if let Some(r) = registration.take_running().await {
-                    stop_part(&node, Part::Registration, r.stop()).await;
+                    let _ = stop_part(&node, Part::Registration, r.stop()).await;
                     registration_timer.as_mut().reset(Instant::now() + req.length);
                     registration_back = true;
                 },
                 1 => if let Some(p) = pool.take() {
-                    stop_part(&node, Part::Pool, p.stop()).await;
+                    let _ = stop_part(&node, Part::Pool, p.stop()).await;
                     pool_timer.as_mut().reset(Instant::now() + req.length);
                     pool_back = true;
                 },
@@ -163,22 +163,23 @@ async fn run(node: Node) {
     });
 }
 
-/// Records the stop of a part around it.
-async fn stop_part(
+/// Records the stop of a part (or the end of a hold) around it, for L7; returns its result.
+pub(crate) async fn stop_part(
     node: &Node,
     part: Part,
     stop: impl std::future::Future<Output = coord_api::Result<()>>,
-) {
+) -> coord_api::Result<()> {
     node.record(Happening::PartStopping {
         who: node.who(),
         part: part.clone(),
     });
-    let clean = stop.await.is_ok();
+    let result = stop.await;
     node.record(Happening::PartStopped {
         who: node.who(),
         part,
-        clean,
+        clean: result.is_ok(),
     });
+    result
 }
 
 fn metadata_period(rng: &mut Rng, s: &Scenario) -> Duration {
@@ -432,7 +433,7 @@ async fn candidacy(
         match next {
             Next::Rest(req) => {
                 let part = Part::Leadership(name.clone());
-                stop_part(&node, part.clone(), candidate.stop()).await;
+                let _ = stop_part(&node, part.clone(), candidate.stop()).await;
                 // A hand-over sent as the candidate was told to stop.
                 let_go_of(&node, &name, &mut handoffs).await;
                 tokio::select! {

@@ -37,8 +37,11 @@ pub enum Emitted {
     Resynced(Revision),
 }
 
-/// A part of an incarnation that can be stopped on its own.
+/// A part of an incarnation that can be stopped on its own, or a hold it lets go of: every
+/// verb that ends a hold, recorded around it, is held to L7 (a clean return means the key is
+/// gone).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
 pub enum Part {
     /// Its host registration.
     Registration,
@@ -46,6 +49,22 @@ pub enum Part {
     Pool,
     /// Its leadership of this election (a resignation).
     Leadership(String),
+    /// Its hold of a lock or a permit (`of`: the mutex's or the semaphore's name) with this
+    /// token: an unlock or a release.
+    Hold {
+        /// The mutex's or the semaphore's name.
+        of: String,
+        /// The hold's token (its key's create revision).
+        token: Revision,
+    },
+    /// Its place in an election, a mutex's or a semaphore's queue under one session's lease
+    /// (`of`: the name): a `leave()`.
+    Queue {
+        /// The election's, mutex's or semaphore's name.
+        of: String,
+        /// The session's lease.
+        lease: LeaseId,
+    },
 }
 
 impl fmt::Display for Part {
@@ -54,6 +73,8 @@ impl fmt::Display for Part {
             Part::Registration => f.write_str("registration"),
             Part::Pool => f.write_str("pool"),
             Part::Leadership(e) => write!(f, "leadership of {e}"),
+            Part::Hold { of, token } => write!(f, "hold of {of} (token {token})"),
+            Part::Queue { of, lease } => write!(f, "place in {of}'s queue (lease {lease})"),
         }
     }
 }

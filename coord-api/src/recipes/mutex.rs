@@ -154,6 +154,10 @@ impl MutexGuard {
             .take()
             .expect("a guard holds its lock until it is consumed");
         let (name, token) = (held.key().name.clone(), held.token());
+        if crate::planted::enabled(crate::planted::Bug::UnlockReturnsBeforeDelete) {
+            held.withdraw_in_background();
+            return Ok(());
+        }
         held.resign().await?;
         tracing::info!(lock = %name, %token, "lock released");
         Ok(())

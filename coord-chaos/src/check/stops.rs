@@ -1,7 +1,8 @@
 //! L7: what a stop promises. A stop that returned cleanly ended what it stopped (the keys
-//! under its leases, a resigned leader's key), and nothing stopped writes again until it is
-//! started again: for a whole incarnation's graceful stop, and for a stop of one of its
-//! parts (its registration, its pool, a leadership) at any moment, healing or not.
+//! under its leases, a resigned leader's key, an unlocked lock's or a released permit's key,
+//! a queue's keys left), and nothing stopped writes again until it is started again: for a
+//! whole incarnation's graceful stop, and for a stop of one of its parts (its registration,
+//! its pool, a leadership, a hold, a place in a queue) at any moment, healing or not.
 
 use std::time::Duration;
 
@@ -180,6 +181,20 @@ fn part_stop(run: &Run<'_>, stop: &PartStop, out: &mut Vec<Violation>) {
                 .filter(|s| mine(s.lease) && !left_by_failed_stop(run, stop, s))
                 .map(|s| format!("{} under lease {}", s.key, s.lease))
                 .collect(),
+            Part::Hold { of, token } => {
+                let prefix = format!("{of}/");
+                spans_at(run, returned)
+                    .filter(|s| s.create_revision == *token && s.key.starts_with(&prefix))
+                    .map(|s| format!("{} (token {})", s.key, s.create_revision))
+                    .collect()
+            }
+            Part::Queue { of, lease } => {
+                let prefix = format!("{of}/");
+                spans_at(run, returned)
+                    .filter(|s| s.lease == *lease && s.key.starts_with(&prefix))
+                    .map(|s| format!("{} under lease {}", s.key, s.lease))
+                    .collect()
+            }
             Part::Leadership(election) => {
                 let token = run
                     .beliefs
@@ -228,8 +243,9 @@ fn part_stop(run: &Run<'_>, stop: &PartStop, out: &mut Vec<Violation>) {
     let writes_part = |key: &str| match &stop.part {
         Part::Registration => key == host_key(who.node),
         Part::Pool => is_election_key(run, key),
-        // A resigned leader campaigns again at once: its next key is a new candidacy.
-        Part::Leadership(_) => false,
+        // A resigned leader campaigns again at once: its next key is a new candidacy; a
+        // lock or permit let go of is taken again, under a new key.
+        _ => false,
     };
     for r in &run.history.records {
         if r.at <= returned || r.at >= until {

@@ -21,6 +21,7 @@ pub mod host;
 pub mod mutex;
 pub mod pool;
 pub mod registration;
+pub mod release;
 pub mod semaphore;
 pub mod session;
 mod support;
@@ -93,6 +94,10 @@ macro_rules! recipe_tests {
             mutex::mutex_guard_dropped_unlocks,
             mutex::mutex_holder_whose_key_is_deleted_is_fenced_out,
             mutex::mutex_leave_after_a_dropped_lock_leaves_no_key,
+            release::an_unlock_that_returned_ok_left_no_key,
+            release::a_release_that_returned_ok_left_no_key,
+            release::a_resign_that_returned_ok_left_no_key,
+            release::a_candidate_stop_that_returned_ok_left_no_key,
             semaphore::semaphore_admits_n_and_hands_over_in_queue_order,
             semaphore::semaphore_permit_dropped_releases,
             semaphore::semaphore_holder_whose_key_is_deleted_is_fenced_out,
