@@ -28,6 +28,8 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 
 const KEYS: [&str; 5] = ["a", "b", "c/1", "c/2", "c/3/x"];
 const PREFIXES: [&str; 3] = ["c/", "c/3/", ""];
+/// The prefixes compares range over: those of reads and deletes, and one no key ever has.
+const CMP_PREFIXES: [&str; 4] = ["c/", "c/3/", "", "d/"];
 const LEASE_TTL: Duration = Duration::from_secs(120);
 
 #[derive(Debug, Clone, Copy)]
@@ -90,9 +92,9 @@ enum Op {
         prev_kv: bool,
     },
     Txn {
-        key: u8,
-        op: u8,
-        cmp: CmpTarget,
+        /// Each compare: on one key or every key under a prefix (empty or not), by which
+        /// relation (0..4), of which field.
+        compares: Vec<(Target, u8, CmpTarget)>,
         then: Vec<Simple>,
         otherwise: Vec<Simple>,
     },
@@ -158,6 +160,17 @@ fn cmp_target() -> impl Strategy<Value = CmpTarget> {
     ]
 }
 
+/// A compare of every shape the trait can express: one key (present or not) or every key
+/// under a prefix (holding keys or none), any relation, any field. Prefixes in two of five,
+/// so that well over a fifth of the transactions carry one.
+fn compare() -> impl Strategy<Value = (Target, u8, CmpTarget)> {
+    let on = prop_oneof![
+        3 => (0..KEYS.len() as u8).prop_map(Target::Key),
+        2 => (0..CMP_PREFIXES.len() as u8).prop_map(Target::Prefix),
+    ];
+    (on, 0..4u8, cmp_target())
+}
+
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         30 => (0..KEYS.len() as u8, 0..4u8, lease_ref(), any::<bool>())
@@ -166,9 +179,9 @@ fn op() -> impl Strategy<Value = Op> {
                prop::option::of((0..5u8, any::<bool>())), prop::option::of((0..4u8, rev())))
             .prop_map(|(target, at, limit, sort, filter)| Op::Get { target, at, limit, sort, filter }),
         10 => (target(), any::<bool>()).prop_map(|(target, prev_kv)| Op::Delete { target, prev_kv }),
-        15 => (0..KEYS.len() as u8, 0..4u8, cmp_target(),
+        15 => (prop::collection::vec(compare(), 1..3),
                prop::collection::vec(simple(), 0..3), prop::collection::vec(simple(), 0..3))
-            .prop_map(|(key, op, cmp, then, otherwise)| Op::Txn { key, op, cmp, then, otherwise }),
+            .prop_map(|(compares, then, otherwise)| Op::Txn { compares, then, otherwise }),
         7 => Just(Op::Grant),
         5 => any::<u8>().prop_map(|lease| Op::Revoke { lease }),
         4 => any::<u8>().prop_map(|lease| Op::TimeToLive { lease }),
@@ -362,15 +375,22 @@ impl Exec<'_> {
         }
     }
 
-    fn compare(&self, key: u8, op: u8, cmp: CmpTarget) -> Compare {
+    fn compare(&self, on: Target, op: u8, cmp: CmpTarget) -> Compare {
         let op = [
             CompareOp::Equal,
             CompareOp::NotEqual,
             CompareOp::Greater,
             CompareOp::Less,
         ][usize::from(op) % 4];
-        let k = self.key(key);
-        match cmp {
+        let k = match on {
+            Target::Key(i) => self.key(i),
+            Target::Prefix(i) => format!(
+                "{}{}",
+                self.prefix,
+                CMP_PREFIXES[usize::from(i) % CMP_PREFIXES.len()]
+            ),
+        };
+        let compare = match cmp {
             CmpTarget::Value(v) => Compare::value(k, op, format!("v{v}")),
             CmpTarget::Version(v) => Compare::version(k, op, i64::from(v)),
             CmpTarget::CreateRevision(r) => Compare::create_revision(k, op, self.abs(r)),
@@ -384,6 +404,10 @@ impl Exec<'_> {
                 };
                 Compare::lease(k, op, l.map_or(LeaseId::NONE, |l| self.lease(l)))
             }
+        };
+        match on {
+            Target::Key(_) => compare,
+            Target::Prefix(_) => compare.with_prefix(),
         }
     }
 
@@ -502,14 +526,17 @@ impl Exec<'_> {
                 }
             }
             Op::Txn {
-                key,
-                op,
-                cmp,
+                compares,
                 then,
                 otherwise,
             } => {
                 let req = TxnRequest::new()
-                    .when([self.compare(*key, *op, *cmp)])
+                    .when(
+                        compares
+                            .iter()
+                            .map(|(on, op, cmp)| self.compare(*on, *op, *cmp))
+                            .collect::<Vec<_>>(),
+                    )
                     .and_then(then.iter().map(|o| self.simple(o)).collect::<Vec<_>>())
                     .or_else(otherwise.iter().map(|o| self.simple(o)).collect::<Vec<_>>());
                 let leases: std::collections::BTreeSet<LeaseId> = req
@@ -811,6 +838,7 @@ fn sim_and_etcd_agree_on_generated_sequences() {
     let etcd = rt.block_on(cluster.store());
     let sequence = AtomicU64::new(0);
     let ops_run = AtomicU64::new(0);
+    let (txns, prefix_txns) = (AtomicU64::new(0), AtomicU64::new(0));
     let mut runner = TestRunner::new(Config {
         cases: cases(200),
         max_shrink_iters: 500,
@@ -820,6 +848,14 @@ fn sim_and_etcd_agree_on_generated_sequences() {
     let result = runner.run(&prop::collection::vec(op(), 30..46), |ops| {
         let n = sequence.fetch_add(1, Ordering::Relaxed);
         ops_run.fetch_add(ops.len() as u64, Ordering::Relaxed);
+        for op in &ops {
+            if let Op::Txn { compares, .. } = op {
+                txns.fetch_add(1, Ordering::Relaxed);
+                if compares.iter().any(|(on, ..)| matches!(on, Target::Prefix(_))) {
+                    prefix_txns.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
         let prefix = format!("diff/{n}/");
         let (sim_out, etcd_out) = rt.block_on(async {
             let sim = SimStore::new();
@@ -836,12 +872,19 @@ fn sim_and_etcd_agree_on_generated_sequences() {
         }
         Ok(())
     });
-    println!(
-        "differential: {} sequences, {} operations, no divergence",
-        sequence.load(Ordering::Relaxed),
-        ops_run.load(Ordering::Relaxed)
-    );
     if let Err(e) = result {
         panic!("{e}");
     }
+    let (txns, prefix_txns) = (txns.into_inner(), prefix_txns.into_inner());
+    println!(
+        "differential: {} sequences, {} operations ({txns} transactions, {prefix_txns} with a prefix compare), no divergence",
+        sequence.load(Ordering::Relaxed),
+        ops_run.load(Ordering::Relaxed)
+    );
+    // The generator's promise: prefix compares are no rarity (counted over the shrinking runs
+    // too, which only ever drop operations).
+    assert!(
+        prefix_txns * 5 >= txns,
+        "only {prefix_txns} of {txns} transactions compared over a prefix"
+    );
 }
