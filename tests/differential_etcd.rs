@@ -851,7 +851,10 @@ fn sim_and_etcd_agree_on_generated_sequences() {
         for op in &ops {
             if let Op::Txn { compares, .. } = op {
                 txns.fetch_add(1, Ordering::Relaxed);
-                if compares.iter().any(|(on, ..)| matches!(on, Target::Prefix(_))) {
+                if compares
+                    .iter()
+                    .any(|(on, ..)| matches!(on, Target::Prefix(_)))
+                {
                     prefix_txns.fetch_add(1, Ordering::Relaxed);
                 }
             }
