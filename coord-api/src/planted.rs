@@ -72,7 +72,7 @@ pub enum Bug {
     /// A session leaves such a member on its own (its renewals go unanswered there, and an
     /// abandoned renewal moves the pool), so the chaos runs cannot see it; a client with no
     /// session can. Caught by the member suites' bare-request case (coord-tests'
-    /// `planted_members`), not by the chaos checkers.
+    /// `planted_suites`), not by the chaos checkers.
     FailoverStaysOnNoLeader,
     /// A semaphore's waiter follows only its own key, not the keys ahead of it: a release
     /// never wakes it, and a seat it reaches goes unused (its key holds the seat, nobody
@@ -97,11 +97,16 @@ pub enum Bug {
     /// hold, but a caller told "released" may exit with its key still standing. Caught only
     /// by L7 on a hold's end (a clean unlock leaves no key).
     UnlockReturnsBeforeDelete,
+    /// `SimStore` judges a compare over a prefix by the last key under it alone, where etcd
+    /// requires every key to pass: a transaction the simulator accepts, etcd refuses. Caught
+    /// only by the differential test's prefix compares (coord-tests' `planted_suites`), not by
+    /// the conformance kit's prefix case nor the chaos checkers.
+    SimPrefixCompareChecksLastKey,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 23] = [
+    pub const ALL: [Bug; 24] = [
         Bug::CampaignSkipsOwnKeyCheck,
         Bug::WatcherResumesFromNow,
         Bug::WatcherIgnoresCompaction,
@@ -125,6 +130,7 @@ impl Bug {
         Bug::HealOutlivesTheStop,
         Bug::AbandonedRenewalStaysOnMember,
         Bug::UnlockReturnsBeforeDelete,
+        Bug::SimPrefixCompareChecksLastKey,
     ];
 
     /// A stable name for command lines and reports.
@@ -153,6 +159,7 @@ impl Bug {
             Bug::HealOutlivesTheStop => "heal-outlives-the-stop",
             Bug::AbandonedRenewalStaysOnMember => "abandoned-renewal-stays-on-member",
             Bug::UnlockReturnsBeforeDelete => "unlock-returns-before-delete",
+            Bug::SimPrefixCompareChecksLastKey => "sim-prefix-compare-checks-last-key",
         }
     }
 

@@ -13,6 +13,14 @@ use coord_chaos::{CoordService, FaultKind, Runner, Scenario};
 /// same on every run: a miss is a checker that lost its teeth, not bad luck.
 const SEEDS: u64 = 40;
 
+/// The bugs the chaos runs cannot see, each caught by the suite that holds its promise
+/// (coord-tests' `planted_suites`): a failover defect hidden behind the sessions' own
+/// failover (every chaos node holds one), and a simulator defect only real etcd shows.
+const ELSEWHERE: [Bug; 2] = [
+    Bug::FailoverStaysOnNoLeader,
+    Bug::SimPrefixCompareChecksLastKey,
+];
+
 /// Where a bug is hunted.
 fn runner_for(bug: Bug) -> Runner {
     match bug {
@@ -45,12 +53,7 @@ fn every_planted_bug_is_caught() {
         );
     }
     let mut missed = Vec::new();
-    // Hidden from the chaos runs by the sessions' own failover; the member suites' bare
-    // client catches it (coord-tests' `planted_members`).
-    for bug in Bug::ALL
-        .into_iter()
-        .filter(|&b| b != Bug::FailoverStaysOnNoLeader)
-    {
+    for bug in Bug::ALL.into_iter().filter(|b| !ELSEWHERE.contains(b)) {
         planted::enable(&[bug]);
         let runner = runner_for(bug);
         let caught = (0..SEEDS).find_map(|seed| {

@@ -607,6 +607,9 @@ impl State {
         if live.peek().is_none() {
             return Self::compare_kv(c, None);
         }
+        if coord_api::planted::enabled(coord_api::planted::Bug::SimPrefixCompareChecksLastKey) {
+            return live.last().is_some_and(|kv| Self::compare_kv(c, Some(kv)));
+        }
         live.all(|kv| Self::compare_kv(c, Some(kv)))
     }
 

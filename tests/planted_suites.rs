@@ -1,0 +1,96 @@
+//! The planted bugs the chaos runs cannot see, each caught by the suite that holds its promise.
+//!
+//! - `failover-stays-on-no-leader` keeps an `EtcdStore` on a member that answers `no leader`.
+//!   A session leaves such a member on its own (an abandoned renewal moves the pool), so the
+//!   chaos checkers, whose nodes all hold sessions, never see it; the member suites' bare
+//!   client (`members/bare.rs`: no session, no watcher) must.
+//! - `sim-prefix-compare-checks-last-key` makes `SimStore` judge a prefix compare by its last
+//!   key alone; the conformance kit's prefix case passes on it, and only the differential
+//!   test's prefix compares, against real etcd, show the simulator wrong.
+//!
+//! Built only with `--features planted-bugs` (coord-api then compiles its planted defects in,
+//! all off); a bug is switched on process-wide, so this binary holds one test, and each suite
+//! is first run clean, so that a catch is the bug's doing.
+
+#[path = "members/bare.rs"]
+mod bare;
+// The harness serves the member probe too; this binary runs the bare case alone.
+#[allow(dead_code)]
+#[path = "members/cluster.rs"]
+mod cluster;
+// What a passing run covered goes unread here.
+#[allow(dead_code)]
+#[path = "differential/sequences.rs"]
+mod sequences;
+#[allow(dead_code)]
+#[path = "members/sim.rs"]
+mod sim;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use coord_api::planted::{self, Bug};
+use coord_sim::grpc::EtcdVersion;
+
+/// The differential's sequences per run, from a fixed seed: enough that a prefix compare
+/// meets keys that disagree (the bug's divergence came within the first 30 when measured).
+const SEQUENCES: u32 = 100;
+const SEED: u64 = 1;
+
+fn bare_case() -> bool {
+    catch_unwind(AssertUnwindSafe(|| {
+        sim::on_the_simulator(EtcdVersion::V3_5, |m| async move {
+            bare::bare_requests(&m).await
+        })
+    }))
+    .is_ok()
+}
+
+fn differential() -> bool {
+    // A catch is all this asks: no shrinking.
+    match sequences::sim_and_etcd_agree(SEQUENCES, sequences::rng(SEED), 0) {
+        Ok(_) => true,
+        Err(e) => {
+            println!("differential: {}", e.lines().next().unwrap_or_default());
+            false
+        }
+    }
+}
+
+/// A bug, the suite that must catch it, and a run of that suite (true: it passed).
+type Hunt = (Bug, &'static str, fn() -> bool);
+
+#[test]
+fn each_planted_bug_is_caught_by_its_suite() {
+    let hunts: [Hunt; 2] = [
+        (
+            Bug::FailoverStaysOnNoLeader,
+            "the bare-request case",
+            bare_case,
+        ),
+        (
+            Bug::SimPrefixCompareChecksLastKey,
+            "the differential test",
+            differential,
+        ),
+    ];
+    let mut missed = Vec::new();
+    for (bug, suite, passes) in hunts {
+        planted::enable(&[]);
+        assert!(passes(), "{suite} fails with no bug planted");
+        planted::enable(&[bug]);
+        let caught = !passes();
+        planted::enable(&[]);
+        println!(
+            "{:<36} {} by {suite}",
+            bug.name(),
+            if caught { "caught" } else { "MISSED" }
+        );
+        if !caught {
+            missed.push(bug.name());
+        }
+    }
+    assert!(
+        missed.is_empty(),
+        "planted bugs their suites missed: {missed:?}"
+    );
+}
