@@ -563,7 +563,7 @@ enum TermEnd {
 /// Acts as leader every TTL/4 until the term is over (or, now and then, hands over: to
 /// whoever campaigns next, or to a newer campaign of its own on the same session, which
 /// rejoins the key and leads on); then winds down, sometimes for longer than the
-/// candidate's grace.
+/// candidate's grace, sometimes never on its own.
 async fn lead(
     node: Node,
     e: usize,
@@ -625,7 +625,13 @@ async fn lead(
     let handed_over = matches!(end, TermEnd::HandedOver);
     node.leader_end(&name, token, handed_over || term.loss().is_none());
     // Finishing the job in hand takes a while: up to half a TTL, longer than the default
-    // grace (a quarter) now and then, so the candidate must cut it short.
+    // grace (a quarter) now and then, so the candidate must cut it short; and now and then
+    // the work ignores the end altogether and never returns on its own (a loop that checks
+    // nothing), so the candidate must drop it at its grace, on a loss and on a stop alike.
+    // (A hand-over is the work's own return: that one returns.)
+    if !handed_over && rng.chance(0.1) {
+        std::future::pending::<()>().await;
+    }
     let ms = (ttl / 2).as_millis() as u64;
     tokio::time::sleep(Duration::from_millis(rng.between(0, ms))).await;
 }

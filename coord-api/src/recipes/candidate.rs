@@ -431,6 +431,10 @@ where
         let until = (Instant::now() + grace).min(leadership.deadline());
         if crate::planted::enabled(crate::planted::Bug::CandidateSkipsWorkWait) {
             tokio::spawn(running);
+        } else if matches!(end, End::Stopping)
+            && crate::planted::enabled(crate::planted::Bug::CandidateStopWaitsOutItsWork)
+        {
+            running.await;
         } else if tokio::time::timeout_at(until, running).await.is_err() {
             tracing::warn!(token = %token, grace_ms = grace.as_millis() as u64, "the term's work did not return in time; dropped");
         }
