@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::arrivals::land;
+use crate::arrivals::{land, Arrival};
 use crate::clock::background;
 use crate::journal::Origin;
 use crate::store::SimStore;
@@ -167,6 +167,50 @@ impl SimStore {
     /// Releases [`hold`](Self::hold).
     pub fn release(&self) {
         self.link.update(|s| s.held = false);
+    }
+
+    /// Fault: every call this client (and its clones) has sent that has not reached the store
+    /// yet stays on its way, until [`release_sent`](Self::release_sent); calls sent after
+    /// this pass them. A request stuck in a stalled member or a server's queue while its
+    /// client goes on does this: a write sent before a delete lands after it. Replies,
+    /// renewals and watch deliveries are not held (see [`hold`](Self::hold) for that).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> coord_api::Result<()> {
+    /// use std::time::Duration;
+    /// use coord_api::{KvLeaseStore, KvLeaseStoreExt, PutRequest};
+    /// use coord_sim::SimStore;
+    ///
+    /// let store = SimStore::new();
+    /// let client = store.connect();
+    /// client.set_latency(Duration::from_millis(100));
+    /// let first = tokio::spawn({
+    ///     let client = client.clone();
+    ///     async move { client.put(PutRequest::new("k", "first")).await }
+    /// });
+    /// tokio::time::sleep(Duration::from_millis(50)).await;
+    /// client.hold_sent();
+    /// client.set_latency(Duration::ZERO);
+    /// client.put(PutRequest::new("k", "second")).await?;
+    /// client.release_sent();
+    /// first.await.unwrap()?;
+    /// // The first write landed last.
+    /// assert_eq!(store.get_key("k").await?.unwrap().value_str(), "first");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn hold_sent(&self) {
+        self.link.hold_sent();
+    }
+
+    /// Ends [`hold_sent`](Self::hold_sent): the calls it held land now, in the order they
+    /// reached the store.
+    pub fn release_sent(&self) {
+        let now = coord_api::sync::clock::now();
+        for land in self.link.release_sent() {
+            self.shared.arrivals.push(now, Arrival::Boxed(land));
+        }
     }
 
     /// Fault: every request of this client (and its clones) takes `latency` more to reach the

@@ -30,6 +30,8 @@
 //! [`SimStore::partition`] and [`SimStore::repair`] (both ways: requests and replies vanish),
 //! [`SimStore::partition_oneway`] and [`SimStore::repair_oneway`] (requests apply, replies
 //! vanish), [`SimStore::hold`] and [`SimStore::release`] (messages stall until released),
+//! [`SimStore::hold_sent`] and [`SimStore::release_sent`] (calls already on their way stall
+//! while later ones pass them: a write landing after the delete sent behind it),
 //! [`SimStore::set_latency`] (requests arrive late), [`SimStore::set_reply_latency`] (replies
 //! and watch deliveries come back late), [`SimStore::lose_replies`]. Store-wide:
 //! [`SimStore::close_streams`], [`SimStore::leader_change`] (streams close, leases refreshed as a

@@ -4,6 +4,7 @@
 //! one way, only replies vanish), as turmoil's links do.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use coord_api::sync::watch;
@@ -54,8 +55,10 @@ pub(crate) enum Leg {
     Lost,
 }
 
+/// A call held on its way: it lands when called with the instant it lands at.
+pub(crate) type Landing = Box<dyn FnOnce(Instant) + Send>;
+
 /// A client's link. Clones of a `SimStore` handle share it.
-#[derive(Debug)]
 pub(crate) struct Link {
     /// Unique within the store; the journal names clients by it.
     pub(crate) id: u64,
@@ -71,10 +74,26 @@ pub(crate) struct Link {
     latency_ns: AtomicU64,
     /// Extra time each reply (and stream delivery) takes to come back, in nanoseconds.
     reply_latency_ns: AtomicU64,
+    /// How many calls the client has sent; each call's number is its place in that count.
+    sent: AtomicU64,
+    /// Calls numbered up to this one that have not landed stay on their way (0: none); see
+    /// [`SimStore::hold_sent`](crate::SimStore::hold_sent).
+    held_through: AtomicU64,
+    /// The calls stopped by `held_through` as they arrived, in arrival order.
+    parked: Mutex<Vec<Landing>>,
 }
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("id", &self.id)
+            .field("state", &self.state())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Link {
@@ -86,7 +105,56 @@ impl Link {
             lost_replies: AtomicU32::new(0),
             latency_ns: AtomicU64::new(0),
             reply_latency_ns: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
+            held_through: AtomicU64::new(0),
+            parked: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Numbers a call as it is sent.
+    pub(crate) fn send(&self) -> u64 {
+        self.sent.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// Holds every call sent so far that has not landed: each stays on its way when it
+    /// arrives, until [`release_sent`](Self::release_sent); calls sent later pass.
+    pub(crate) fn hold_sent(&self) {
+        // Under the lock, as `at_door` reads it.
+        let _parked = self.parked();
+        self.held_through
+            .store(self.sent.load(Ordering::SeqCst), Ordering::SeqCst);
+    }
+
+    /// Ends [`hold_sent`](Self::hold_sent): the calls it stopped, in the order they arrived.
+    pub(crate) fn release_sent(&self) -> Vec<Landing> {
+        let mut parked = self.parked();
+        self.held_through.store(0, Ordering::SeqCst);
+        std::mem::take(&mut *parked)
+    }
+
+    /// Call `seq` arriving: `None` when it is held (kept, to land on release), else `land`
+    /// back to land now. The check and the keeping are one step under the lock, so a call
+    /// is never kept after its release.
+    pub(crate) fn at_door<L: FnOnce(Instant) + Send + 'static>(
+        &self,
+        seq: u64,
+        land: L,
+    ) -> Option<L> {
+        // Every call passes here: no lock unless a hold is set.
+        if self.held_through.load(Ordering::SeqCst) < seq {
+            return Some(land);
+        }
+        let mut parked = self.parked();
+        if self.held_through.load(Ordering::SeqCst) < seq {
+            return Some(land);
+        }
+        parked.push(Box::new(land));
+        None
+    }
+
+    fn parked(&self) -> MutexGuard<'_, Vec<Landing>> {
+        // Nothing runs under the lock but the list's own bookkeeping.
+        self.parked.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn state(&self) -> LinkState {

@@ -352,24 +352,35 @@ impl SimStore {
         apply: impl FnOnce(&SimStore) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         let sent = coord_api::sync::clock::now();
+        let seq = self.link.send();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let this = self.clone();
+        // Lands the call, unless a hold on calls already sent keeps it on its way.
+        let arrive = move |now: Instant| {
+            let link = this.link.clone();
+            let land = move |now: Instant| {
+                let leg = this.link.arrived();
+                this.land(leg, operation, kind, apply, tx, now);
+            };
+            if let Some(land) = link.at_door(seq, land) {
+                land(now);
+            }
+        };
         match self.link.arrival(sent, self.shared.config.latency) {
             // On the wire: it lands at its instant, in send order with every other call to
             // this store, and its reply comes back on the same queue, one wake-up for the
             // caller in all (a read took a timer and a wake-up each way).
-            Some(at) => self.shared.arrivals.push(
-                at,
-                Arrival::Boxed(Box::new(move |now| {
-                    let leg = this.link.arrived();
-                    this.land(leg, operation, kind, apply, tx, now);
-                })),
-            ),
+            Some(at) => self
+                .shared
+                .arrivals
+                .push(at, Arrival::Boxed(Box::new(arrive))),
             // Held: it waits out the hold on its own, then goes the same way.
             None => {
+                let link = self.link.clone();
+                let latency = self.shared.config.latency;
                 tokio::spawn(async move {
-                    let leg = this.link.request(this.shared.config.latency).await;
-                    this.land(leg, operation, kind, apply, tx, Instant::now());
+                    link.request(latency).await;
+                    arrive(Instant::now());
                 });
             }
         }

@@ -21,6 +21,9 @@ pub enum ProxyMode {
     Reset,
     /// Forward everything after this delay.
     Delay(Duration),
+    /// Keep every byte, those already on their way included, and forward them all, in
+    /// order, when the mode changes: a link that stalls and loses nothing.
+    Hold,
 }
 
 /// A TCP proxy: point a client at [`endpoint`](TcpProxy::endpoint) instead of the member, then
@@ -130,6 +133,11 @@ impl TcpProxy {
         self.set_mode(ProxyMode::Delay(by));
     }
 
+    /// Holds all traffic, what is on its way included, until the next mode: nothing lost.
+    pub fn hold(&self) {
+        self.set_mode(ProxyMode::Hold);
+    }
+
     /// Forwards everything again. Connections that saw a blackhole may have lost bytes and
     /// are best abandoned by the client; new ones work.
     pub fn heal(&self) {
@@ -176,6 +184,7 @@ async fn pump(
     born: u64,
 ) {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let mut held = modes.clone();
     let reader = async move {
         let mut buf = vec![0u8; 16 * 1024];
         loop {
@@ -200,7 +209,7 @@ async fn pump(
                 continue;
             }
             let due = match state.mode {
-                ProxyMode::Pass => tokio::time::Instant::now(),
+                ProxyMode::Pass | ProxyMode::Hold => tokio::time::Instant::now(),
                 ProxyMode::Blackhole => continue,
                 ProxyMode::Reset => return Ended::Cut,
                 ProxyMode::Delay(d) => tokio::time::Instant::now() + d,
@@ -214,6 +223,10 @@ async fn pump(
         // In order: a chunk read in Pass after one read in Delay waits for it.
         while let Some((due, bytes)) = rx.recv().await {
             tokio::time::sleep_until(due).await;
+            // A hold keeps what was on its way when it began as well.
+            if held.wait_for(|s| s.mode != ProxyMode::Hold).await.is_err() {
+                return;
+            }
             if to.write_all(&bytes).await.is_err() {
                 return;
             }
