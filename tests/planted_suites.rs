@@ -7,6 +7,10 @@
 //! - `sim-prefix-compare-checks-last-key` makes `SimStore` judge a prefix compare by its last
 //!   key alone; the conformance kit's prefix case passes on it, and only the differential
 //!   test's prefix compares, against real etcd, show the simulator wrong.
+//! - `candidate-stop-leaves-its-queued-key` lets a waiting candidate's stop return before
+//!   its key is gone; only a campaign write held in flight during the stop (the recipe case
+//!   `in_flight::a_candidate_stop_outlasts_its_held_campaign_write`, on the simulator) lands
+//!   after the background withdrawal and leaves the key standing.
 //!
 //! Built only with `--features planted-bugs` (coord-api then compiles its planted defects in,
 //! all off); a bug is switched on process-wide, so this binary holds one test, and each suite
@@ -25,6 +29,8 @@ mod sequences;
 #[allow(dead_code)]
 #[path = "members/sim.rs"]
 mod sim;
+#[path = "recipes/sim_fixture.rs"]
+mod sim_fixture;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -56,12 +62,22 @@ fn differential() -> bool {
     }
 }
 
+fn candidate_stop_in_flight() -> bool {
+    use coord_api::testkit::recipes::in_flight;
+    catch_unwind(AssertUnwindSafe(|| {
+        sim_fixture::run(|fx| {
+            Box::pin(in_flight::a_candidate_stop_outlasts_its_held_campaign_write(fx))
+        })
+    }))
+    .is_ok()
+}
+
 /// A bug, the suite that must catch it, and a run of that suite (true: it passed).
 type Hunt = (Bug, &'static str, fn() -> bool);
 
 #[test]
 fn each_planted_bug_is_caught_by_its_suite() {
-    let hunts: [Hunt; 2] = [
+    let hunts: [Hunt; 3] = [
         (
             Bug::FailoverStaysOnNoLeader,
             "the bare-request case",
@@ -71,6 +87,11 @@ fn each_planted_bug_is_caught_by_its_suite() {
             Bug::SimPrefixCompareChecksLastKey,
             "the differential test",
             differential,
+        ),
+        (
+            Bug::CandidateStopLeavesItsQueuedKey,
+            "the recipe case holding a candidate's campaign write in flight during its stop",
+            candidate_stop_in_flight,
         ),
     ];
     let mut missed = Vec::new();

@@ -77,6 +77,14 @@ impl Control for ProxyControl {
             self.0.delay(by);
         }
     }
+
+    fn hold_in_flight(&self, on: bool) {
+        if on {
+            self.0.hold();
+        } else {
+            self.0.heal();
+        }
+    }
 }
 
 #[coord_api::async_trait]

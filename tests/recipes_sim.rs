@@ -1,87 +1,10 @@
 //! The recipe cases on `SimStore`, in virtual time: deterministic, and a 10 s TTL passes in
 //! no wall time. Faults: `close_streams`, a client cut off through its own handle, latency.
 
-use std::sync::Arc;
-use std::time::Duration;
+#[path = "recipes/sim_fixture.rs"]
+mod sim_fixture;
 
-use coord_api::testkit::recipes::{Case, Client, Control, Fixture};
-use coord_api::DynKvLeaseStore;
-use coord_sim::SimStore;
-
-struct SimFixture {
-    sim: SimStore,
-}
-
-struct SimControl(SimStore);
-
-#[coord_api::async_trait]
-impl Control for SimControl {
-    async fn close_streams(&self) {
-        self.0.close_streams();
-    }
-
-    fn cut_off(&self, on: bool) {
-        if on {
-            self.0.partition();
-        } else {
-            self.0.repair();
-        }
-    }
-
-    fn delay_requests(&self, by: Duration) {
-        self.0.set_latency(by);
-    }
-}
-
-#[coord_api::async_trait]
-impl Fixture for SimFixture {
-    fn store(&self) -> Arc<DynKvLeaseStore> {
-        Arc::new(self.sim.clone())
-    }
-
-    async fn client(&self) -> Client {
-        let c = self.sim.connect();
-        Client::new(Arc::new(c.clone()), SimControl(c))
-    }
-
-    fn ttl(&self) -> Duration {
-        Duration::from_secs(10)
-    }
-
-    fn slack(&self) -> Duration {
-        Duration::ZERO
-    }
-
-    fn request_timeout(&self) -> Duration {
-        self.sim.config().request_timeout
-    }
-
-    async fn slow_store(&self) -> Arc<DynKvLeaseStore> {
-        // A client of the same store (so the rest of the world sees what it writes) whose
-        // every call takes 5 ms.
-        let c = self.sim.connect();
-        c.set_latency(Duration::from_millis(5));
-        Arc::new(c)
-    }
-
-    fn stop_offsets(&self) -> Vec<u64> {
-        (0..130).step_by(3).collect()
-    }
-}
-
-fn run(case: Case) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        let fx = SimFixture {
-            sim: SimStore::new(),
-        };
-        case(&fx).await;
-    });
-}
+use sim_fixture::{run, SimFixture};
 
 coord_api::recipe_tests!(run);
 coord_api::typed_recipe_tests!(run);
@@ -89,7 +12,7 @@ coord_api::typed_recipe_tests!(run);
 /// Every case again, through a namespace (`Namespaced`).
 mod namespaced {
     use super::*;
-    use coord_api::testkit::recipes::InNamespace;
+    use coord_api::testkit::recipes::{Case, InNamespace};
 
     fn run(case: Case) {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -98,10 +21,7 @@ mod namespaced {
             .build()
             .expect("a runtime");
         rt.block_on(async {
-            let fx = SimFixture {
-                sim: SimStore::new(),
-            };
-            case(&InNamespace::new(fx, "tenant/")).await;
+            case(&InNamespace::new(SimFixture::new(), "tenant/")).await;
         });
     }
 

@@ -107,11 +107,17 @@ pub enum Bug {
     /// lease runs out and another node leads. Caught by W1, only since the chaos nodes' work
     /// now and then never returns on its own (0 of 200 seeds before, 9 of 40 after).
     CandidateStopWaitsOutItsWork,
+    /// A candidate stopped while it waits in the queue returns at once and leaves its key to
+    /// a background withdrawal, which a campaign write still in flight can overtake: the
+    /// key stands after `stop` returned `Ok`, a candidate nobody runs. Caught by the recipe
+    /// case that holds the campaign's write in flight during the stop, on the simulator, and
+    /// by L7 since the chaos nodes' part stops reach a candidate still in the queue.
+    CandidateStopLeavesItsQueuedKey,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 25] = [
+    pub const ALL: [Bug; 26] = [
         Bug::CampaignSkipsOwnKeyCheck,
         Bug::WatcherResumesFromNow,
         Bug::WatcherIgnoresCompaction,
@@ -137,6 +143,7 @@ impl Bug {
         Bug::UnlockReturnsBeforeDelete,
         Bug::SimPrefixCompareChecksLastKey,
         Bug::CandidateStopWaitsOutItsWork,
+        Bug::CandidateStopLeavesItsQueuedKey,
     ];
 
     /// A stable name for command lines and reports.
@@ -167,6 +174,7 @@ impl Bug {
             Bug::UnlockReturnsBeforeDelete => "unlock-returns-before-delete",
             Bug::SimPrefixCompareChecksLastKey => "sim-prefix-compare-checks-last-key",
             Bug::CandidateStopWaitsOutItsWork => "candidate-stop-waits-out-its-work",
+            Bug::CandidateStopLeavesItsQueuedKey => "candidate-stop-leaves-its-queued-key",
         }
     }
 

@@ -27,6 +27,11 @@ pub(crate) trait World {
     fn latency(&mut self, node: usize, extra: Duration);
     /// Adds latency to the node's replies.
     fn reply_latency(&mut self, node: usize, extra: Duration);
+    /// From `from` on, holds the node's requests then on their way (later ones pass them)
+    /// until `until`, both from now: a request stuck at a stalled member or in a server's
+    /// queue while its client goes on. A world that cannot hold one request apart from the
+    /// next (turmoil's links are in order) does nothing.
+    fn overtake(&mut self, _node: usize, _from: Duration, _until: Duration) {}
     /// Loses the replies of the node's next writes.
     fn lose_replies(&mut self, node: usize, count: u32);
     /// Closes every stream of the store.
@@ -224,6 +229,9 @@ impl Driver {
             FaultKind::Latency => {
                 let added = self.added(Nest::Latency, n, f, true);
                 w.latency(n, added);
+                if f.overtakes() {
+                    w.overtake(n, f.length / 2, f.length);
+                }
             }
             FaultKind::SlowReplies => {
                 let added = self.added(Nest::SlowReplies, n, f, true);

@@ -258,6 +258,9 @@ impl Fault {
         ) {
             write!(f, " +{}ms", self.added_latency().as_millis())?;
         }
+        if self.overtakes() {
+            f.write_str(" overtaken")?;
+        }
         if self.kind == FaultKind::Stop {
             write!(f, " part {}", self.pick % 3)?;
         }
@@ -286,6 +289,13 @@ impl Fault {
         } else {
             None
         }
+    }
+
+    /// For a latency fault, whether half-way through it holds the node's requests then on
+    /// their way until it ends, while later ones pass them (one in two): a write sent
+    /// before a `leave()`, a stop or a resignation lands after it.
+    pub fn overtakes(&self) -> bool {
+        self.kind == FaultKind::Latency && (self.pick >> 40) & 1 == 1
     }
 
     /// For a compaction storm, how often it compacts: 100 ms to 1 s.

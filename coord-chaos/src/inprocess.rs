@@ -267,6 +267,18 @@ impl World for InProcess {
         self.link(node, |f| f.reply_latency = extra);
     }
 
+    fn overtake(&mut self, node: usize, from: Duration, until: Duration) {
+        let world = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(from).await;
+            // The incarnation's client then; a later one's link starts clean.
+            let client = world.slots()[node].client.clone();
+            client.hold_sent();
+            tokio::time::sleep(until.saturating_sub(from)).await;
+            client.release_sent();
+        });
+    }
+
     fn lose_replies(&mut self, node: usize, count: u32) {
         self.slots()[node].client.lose_replies(count);
     }

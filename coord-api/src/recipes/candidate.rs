@@ -253,13 +253,14 @@ impl Candidate {
     }
 
     /// Stops: tells the term's work its term is over, waits for it (within the grace),
-    /// resigns, and campaigns no more. From a leading candidate, `Ok` means its key is gone:
-    /// resigned, or ended by the store itself (its lease or key reported gone, its fence
-    /// refused). A campaign still waiting withdraws its key in the background, as a dropped
-    /// [`Election::campaign`](crate::recipes::Election::campaign) does.
+    /// resigns, and campaigns no more. `Ok` means its key is gone: resigned, or ended by the
+    /// store itself (its lease or key reported gone, its fence refused); or, from a candidate
+    /// still waiting, withdrawn once the campaign's write in flight settled (as
+    /// [`Election::leave`](crate::recipes::Election::leave) does).
     ///
     /// # Errors
-    /// Whatever the resignation fails with (the key then goes with the session's lease); a
+    /// Whatever the resignation or withdrawal fails with (the key then goes with the
+    /// session's lease); a
     /// stopped pool's [`Error::Cancelled`] if the candidate had stopped on its own for that.
     pub async fn stop(mut self) -> Result<()> {
         self.task.stop().await;
@@ -336,7 +337,7 @@ where
     loop {
         let won = tokio::select! {
             biased;
-            _ = cancel.stopped() => return Ok(()),
+            _ = cancel.stopped() => return pool.leave(&config.name).await,
             r = pool.campaign(&config.name, config.value.clone()) => r,
         };
         let leadership = match won {
@@ -357,7 +358,7 @@ where
                 );
                 tokio::select! {
                     biased;
-                    _ = cancel.stopped() => return Ok(()),
+                    _ = cancel.stopped() => return pool.leave(&config.name).await,
                     _ = tokio::time::sleep(delay) => continue,
                 }
             }

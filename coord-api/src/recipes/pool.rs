@@ -178,6 +178,19 @@ impl ElectionPool {
         .await
     }
 
+    /// Takes the pool's key out of election `name` on its current session, once the write of
+    /// a campaign just dropped there has settled; see [`Election::leave`]. A pool without a
+    /// session has no key to take out.
+    pub(crate) async fn leave(&self, name: &str) -> Result<()> {
+        if crate::planted::enabled(crate::planted::Bug::CandidateStopLeavesItsQueuedKey) {
+            return Ok(());
+        }
+        match self.inner.host.current() {
+            Some(session) => Election::new(session, name.to_owned()).leave().await,
+            None => Ok(()),
+        }
+    }
+
     /// Counters.
     pub fn stats(&self) -> PoolStats {
         let host = self.inner.host.stats();

@@ -522,8 +522,9 @@ impl HostRegistration {
         &self.shared.config.key
     }
 
-    /// Replaces the metadata, in place (same key, same lease). While healing, the new value is
-    /// what the heal writes.
+    /// Replaces the metadata, in place (same key, same lease), and only while the key is this
+    /// registration's: a write that lands after a stop, or after the key was taken, changes
+    /// nothing. While healing, the new value is what the heal writes.
     ///
     /// # Errors
     /// Whatever the put fails with, except a lost lease (the heal then writes the new value).
@@ -542,9 +543,15 @@ impl HostRegistration {
         if lease.is_none() {
             return Ok(());
         }
-        let req =
-            PutRequest::new(self.shared.config.key.clone(), metadata.to_vec()).with_lease(lease);
-        match self.shared.store().put(req).await {
+        // Only over the key this registration holds: landing late (after a stop's delete, or
+        // after another incarnation took the key) it writes nothing, where a plain put would
+        // bring the key back under a lease that lives on. A key missing here is the heal's
+        // to put back, with this value.
+        let key = self.shared.config.key.clone();
+        let req = TxnRequest::new()
+            .when([Compare::lease(key.clone(), CompareOp::Equal, lease)])
+            .and_then([PutRequest::new(key, metadata.to_vec()).with_lease(lease)]);
+        match self.shared.store().txn(req).await {
             Ok(_) | Err(Error::LeaseNotFound { .. }) => Ok(()),
             Err(e) => Err(e),
         }

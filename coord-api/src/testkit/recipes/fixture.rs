@@ -45,6 +45,15 @@ impl Client {
     pub fn delay_requests(&self, by: Duration) {
         self.control.delay_requests(by)
     }
+
+    /// Holds every request the client has sent that has not reached the store yet, until
+    /// called with `false`; then they land, after whatever passed them. Whether requests sent
+    /// meanwhile pass is the backend's: the simulator lets them (as a request stuck at a
+    /// stalled member is passed by the next one, sent to another); through one TCP
+    /// connection they wait behind the held ones.
+    pub fn hold_in_flight(&self, on: bool) {
+        self.control.hold_in_flight(on)
+    }
 }
 
 /// How a backend breaks one client's connection.
@@ -53,6 +62,7 @@ pub trait Control: Send + Sync {
     async fn close_streams(&self);
     fn cut_off(&self, on: bool);
     fn delay_requests(&self, by: Duration);
+    fn hold_in_flight(&self, on: bool);
 }
 
 /// A backend for the recipe tests.

@@ -18,6 +18,7 @@ pub mod candidate;
 pub mod election;
 pub mod fixture;
 pub mod host;
+pub mod in_flight;
 pub mod mutex;
 pub mod pool;
 pub mod registration;
@@ -98,6 +99,12 @@ macro_rules! recipe_tests {
             release::a_release_that_returned_ok_left_no_key,
             release::a_resign_that_returned_ok_left_no_key,
             release::a_candidate_stop_that_returned_ok_left_no_key,
+            in_flight::a_leave_outlasts_a_held_campaign_write,
+            in_flight::a_semaphore_leave_outlasts_a_held_acquire,
+            in_flight::a_pool_stop_outlasts_a_held_campaign_write,
+            in_flight::a_candidate_stop_outlasts_its_held_campaign_write,
+            in_flight::a_resign_outlasts_a_held_proclamation,
+            in_flight::a_registration_stop_outlasts_a_held_update,
             semaphore::semaphore_admits_n_and_hands_over_in_queue_order,
             semaphore::semaphore_permit_dropped_releases,
             semaphore::semaphore_holder_whose_key_is_deleted_is_fenced_out,
