@@ -110,8 +110,8 @@ pub enum Bug {
     /// A candidate stopped while it waits in the queue returns at once and leaves its key to
     /// a background withdrawal, which a campaign write still in flight can overtake: the
     /// key stands after `stop` returned `Ok`, a candidate nobody runs. Caught by the recipe
-    /// case that holds the campaign's write in flight during the stop, on the simulator, and
-    /// by L7 since the chaos nodes' part stops reach a candidate still in the queue.
+    /// case that holds the campaign's write in flight during the stop, on the simulator
+    /// (coord-tests' `planted_suites`); the chaos nodes stop only leading candidates.
     CandidateStopLeavesItsQueuedKey,
 }
 

@@ -422,23 +422,17 @@ async fn candidacy(
                     if changed.is_err() {
                         continue;
                     }
-                    // A candidate that leads is told to hand over; one still campaigning
-                    // gives up its place in the queue (its campaign's write maybe still on
-                    // its way).
-                    if let Some(req) = told.get() {
-                        if candidate.is_leader() {
-                            break Next::Rest(req, Part::Leadership(name.clone()));
-                        }
-                        if let Some(session) = pool.host().current() {
-                            let of = name.clone();
-                            break Next::Rest(req, Part::Queue { of, lease: session.lease() });
-                        }
+                    // A candidate that leads is told to hand over; one still campaigning is
+                    // left alone.
+                    if let Some(req) = told.get().filter(|_| candidate.is_leader()) {
+                        break Next::Rest(req);
                     }
                 }
             }
         };
         match next {
-            Next::Rest(req, part) => {
+            Next::Rest(req) => {
+                let part = Part::Leadership(name.clone());
                 let _ = stop_part(&node, part.clone(), candidate.stop()).await;
                 // A hand-over sent as the candidate was told to stop.
                 let_go_of(&node, &name, &mut handoffs).await;
@@ -467,9 +461,8 @@ async fn candidacy(
 
 /// What the candidacy does once its candidate's loop is interrupted.
 enum Next {
-    /// Told to stop: stop the candidate (what it held: a leadership or a place in the
-    /// queue), rest for the request's length.
-    Rest(PartStopRequest, Part),
+    /// Told to hand over: stop the candidate, rest for the request's length.
+    Rest(PartStopRequest),
     /// A term handed over to a newer campaign of the node's own: lead on with it.
     Hold(Handoff),
 }
