@@ -4,7 +4,7 @@
 #[path = "recipes/sim_fixture.rs"]
 mod sim_fixture;
 
-use sim_fixture::{run, SimFixture};
+use sim_fixture::{in_virtual_time, run, SimFixture};
 
 coord_api::recipe_tests!(run);
 coord_api::typed_recipe_tests!(run);
@@ -15,14 +15,7 @@ mod namespaced {
     use coord_api::testkit::recipes::{Case, InNamespace};
 
     fn run(case: Case) {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .expect("a runtime");
-        rt.block_on(async {
-            case(&InNamespace::new(SimFixture::new(), "tenant/")).await;
-        });
+        in_virtual_time(async { case(&InNamespace::new(SimFixture::new(), "tenant/")).await });
     }
 
     coord_api::recipe_tests!(run);

@@ -86,13 +86,17 @@ impl Fixture for SimFixture {
     }
 }
 
+/// Runs `case` on a fresh store in virtual time.
 pub(crate) fn run(case: Case) {
-    let rt = tokio::runtime::Builder::new_current_thread()
+    in_virtual_time(async { case(&SimFixture::new()).await });
+}
+
+/// Runs `work` to its end on a runtime whose clock is paused (it jumps to the next timer).
+pub(crate) fn in_virtual_time<F: std::future::Future>(work: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        case(&SimFixture::new()).await;
-    });
+        .expect("a runtime")
+        .block_on(work)
 }
