@@ -260,8 +260,8 @@ impl Candidate {
     ///
     /// # Errors
     /// Whatever the resignation or withdrawal fails with (the key then goes with the
-    /// session's lease); a
-    /// stopped pool's [`Error::Cancelled`] if the candidate had stopped on its own for that.
+    /// session's lease); a stopped pool's [`Error::Cancelled`] if the candidate had stopped
+    /// on its own for that.
     pub async fn stop(mut self) -> Result<()> {
         self.task.stop().await;
         self.result
