@@ -111,13 +111,20 @@ pub enum Bug {
     /// a background withdrawal, which a campaign write still in flight can overtake: the
     /// key stands after `stop` returned `Ok`, a candidate nobody runs. Caught by the recipe
     /// case that holds the campaign's write in flight during the stop, on the simulator
-    /// (coord-tests' `planted_suites`); the chaos nodes stop only leading candidates.
+    /// (coord-tests' `planted_suites`), and by L7 since the chaos nodes' part stops reach a
+    /// candidate still in the queue.
     CandidateStopLeavesItsQueuedKey,
+    /// A candidate stopped while it rests between terms returns `Ok` without a look back:
+    /// a term whose resignation failed (its store out of reach) leaves its key standing
+    /// under the live lease, and the stop says it is gone. Caught by the recipe case that
+    /// stops a candidate resting after a failed resignation (coord-tests'
+    /// `planted_suites`).
+    CandidateRestForgetsItsKey,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 26] = [
+    pub const ALL: [Bug; 27] = [
         Bug::CampaignSkipsOwnKeyCheck,
         Bug::WatcherResumesFromNow,
         Bug::WatcherIgnoresCompaction,
@@ -144,6 +151,7 @@ impl Bug {
         Bug::SimPrefixCompareChecksLastKey,
         Bug::CandidateStopWaitsOutItsWork,
         Bug::CandidateStopLeavesItsQueuedKey,
+        Bug::CandidateRestForgetsItsKey,
     ];
 
     /// A stable name for command lines and reports.
@@ -175,6 +183,7 @@ impl Bug {
             Bug::SimPrefixCompareChecksLastKey => "sim-prefix-compare-checks-last-key",
             Bug::CandidateStopWaitsOutItsWork => "candidate-stop-waits-out-its-work",
             Bug::CandidateStopLeavesItsQueuedKey => "candidate-stop-leaves-its-queued-key",
+            Bug::CandidateRestForgetsItsKey => "candidate-rest-forgets-its-key",
         }
     }
 

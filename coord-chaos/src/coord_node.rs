@@ -422,17 +422,24 @@ async fn candidacy(
                     if changed.is_err() {
                         continue;
                     }
-                    // A candidate that leads is told to hand over; one still campaigning is
-                    // left alone.
-                    if let Some(req) = told.get().filter(|_| candidate.is_leader()) {
-                        break Next::Rest(req);
+                    // A candidate that leads is told to hand over; one still campaigning
+                    // (or resting between terms) gives up its place in the queue (its
+                    // campaign's write maybe still on its way, or its last term's key
+                    // maybe left by a failed resignation).
+                    if let Some(req) = told.get() {
+                        if candidate.is_leader() {
+                            break Next::Rest(req, Part::Leadership(name.clone()));
+                        }
+                        if let Some(session) = pool.host().current() {
+                            let of = name.clone();
+                            break Next::Rest(req, Part::Queue { of, lease: session.lease() });
+                        }
                     }
                 }
             }
         };
         match next {
-            Next::Rest(req) => {
-                let part = Part::Leadership(name.clone());
+            Next::Rest(req, part) => {
                 let _ = stop_part(&node, part.clone(), candidate.stop()).await;
                 // A hand-over sent as the candidate was told to stop.
                 let_go_of(&node, &name, &mut handoffs).await;
@@ -461,8 +468,9 @@ async fn candidacy(
 
 /// What the candidacy does once its candidate's loop is interrupted.
 enum Next {
-    /// Told to hand over: stop the candidate, rest for the request's length.
-    Rest(PartStopRequest),
+    /// Told to stop: stop the candidate (what it held: a leadership or a place in the
+    /// queue), rest for the request's length.
+    Rest(PartStopRequest, Part),
     /// A term handed over to a newer campaign of the node's own: lead on with it.
     Hold(Handoff),
 }

@@ -95,6 +95,14 @@ pub enum Outcome {
 pub enum Happening {
     /// The store changed (the truth).
     Store(Entry),
+    /// Calls of an incarnation held on their way while later ones passed them (a latency
+    /// fault that overtakes) landed now, after those.
+    Overtaken {
+        /// Whose calls.
+        who: Incarnation,
+        /// How many were held.
+        calls: usize,
+    },
     /// An incarnation started, as the store client with this id.
     Started {
         /// Who.

@@ -272,10 +272,19 @@ impl World for InProcess {
         tokio::spawn(async move {
             tokio::time::sleep(from).await;
             // The incarnation's client then; a later one's link starts clean.
-            let client = world.slots()[node].client.clone();
+            let (client, inc) = {
+                let slot = &world.slots()[node];
+                (slot.client.clone(), slot.inc)
+            };
             client.hold_sent();
             tokio::time::sleep(until.saturating_sub(from)).await;
-            client.release_sent();
+            // Recorded only when it held something: a hold with nothing on the way did
+            // nothing.
+            let calls = client.release_sent();
+            if calls > 0 {
+                let who = Incarnation { node, inc };
+                world.clone().record(Happening::Overtaken { who, calls });
+            }
         });
     }
 

@@ -107,6 +107,9 @@ fn line(what: &Happening) -> Option<String> {
             None => format!("healed {}", f.kind),
         },
         Happening::Heal => "--- every fault is over: quiet phase ---".to_owned(),
+        Happening::Overtaken { who, calls } => {
+            format!("{who}  {calls} call(s) held on their way land now, after later ones")
+        }
         Happening::Started { who, .. } => format!("{who}  started"),
         Happening::Crashed(who) => format!("{who}  CRASHED"),
         Happening::Stopping(who) => format!("{who}  stopping"),

@@ -193,7 +193,7 @@ impl SimStore {
     /// client.hold_sent();
     /// client.set_latency(Duration::ZERO);
     /// client.put(PutRequest::new("k", "second")).await?;
-    /// client.release_sent();
+    /// assert_eq!(client.release_sent(), 1, "the first put was held");
     /// first.await.unwrap()?;
     /// // The first write landed last.
     /// assert_eq!(store.get_key("k").await?.unwrap().value_str(), "first");
@@ -205,12 +205,15 @@ impl SimStore {
     }
 
     /// Ends [`hold_sent`](Self::hold_sent): the calls it held land now, in the order they
-    /// reached the store.
-    pub fn release_sent(&self) {
+    /// reached the store. Returns how many it held (none: the hold changed nothing).
+    pub fn release_sent(&self) -> usize {
         let now = coord_api::sync::clock::now();
-        for land in self.link.release_sent() {
+        let held = self.link.release_sent();
+        let count = held.len();
+        for land in held {
             self.shared.arrivals.push(now, Arrival::Boxed(land));
         }
+        count
     }
 
     /// Fault: every request of this client (and its clones) takes `latency` more to reach the

@@ -45,7 +45,7 @@ impl Control for SimControl {
         if on {
             self.0.hold_sent();
         } else {
-            self.0.release_sent();
+            let _ = self.0.release_sent();
         }
     }
 }

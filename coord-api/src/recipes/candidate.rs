@@ -27,7 +27,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::election::{Fence, Leadership, LossReason};
+use super::election::{Fence, Leadership, LossReason, Unresigned};
 use super::pool::ElectionPool;
 use super::task::Task;
 use crate::campaign::LeaderKey;
@@ -254,9 +254,11 @@ impl Candidate {
 
     /// Stops: tells the term's work its term is over, waits for it (within the grace),
     /// resigns, and campaigns no more. `Ok` means its key is gone: resigned, or ended by the
-    /// store itself (its lease or key reported gone, its fence refused); or, from a candidate
+    /// store itself (its lease or key reported gone, its fence refused); from a candidate
     /// still waiting, withdrawn once the campaign's write in flight settled (as
-    /// [`Election::leave`](crate::recipes::Election::leave) does).
+    /// [`Election::leave`](crate::recipes::Election::leave) does); from one resting between
+    /// terms, the last term's key resigned now if the term could not (the store out of
+    /// reach when it ended).
     ///
     /// # Errors
     /// Whatever the resignation or withdrawal fails with (the key then goes with the
@@ -367,23 +369,33 @@ where
         terms += 1;
         let end = term(&config, leadership, terms, &mut work, &cancel, status).await;
         status.send_replace(CandidateStatus::Campaigning);
-        match end {
+        let standing = match end {
             TermEnd::Stopped(result) => return result,
-            TermEnd::Over => {}
-        }
+            TermEnd::Over(standing) => standing,
+        };
         tokio::select! {
             biased;
-            _ = cancel.stopped() => return Ok(()),
+            // The stop wants the key gone: a key the term could not resign (its outcome
+            // unknown, or only this process's view of the leadership ended) is resigned now,
+            // in the session's turn, and the stop says whether it is gone.
+            _ = cancel.stopped() => return match standing {
+                Some(_) if crate::planted::enabled(crate::planted::Bug::CandidateRestForgetsItsKey) => Ok(()),
+                Some(key) => key.resign().await,
+                None => Ok(()),
+            },
             _ = tokio::time::sleep(config.rest) => {}
         }
+        // The next campaign rides on the same lease, so it takes the key over.
+        drop(standing);
     }
 }
 
 enum TermEnd {
     /// The candidate stopped during the term; the resignation's result.
     Stopped(Result<()>),
-    /// The term is over; campaign again.
-    Over,
+    /// The term is over; campaign again. Holds the key when it may still stand (its
+    /// resignation failed or was not sent), for a stop during the rest to resign.
+    Over(Option<Unresigned>),
 }
 
 /// Runs one term: the work until the leadership is lost, the work returns, or the candidate
@@ -443,10 +455,14 @@ where
     match end {
         End::Lost(why) => {
             tracing::info!(token = %token, reason = %why, "term lost");
-            if !cancel.is_stopped() {
-                TermEnd::Over
-            } else if store_ended_key(why) {
-                TermEnd::Stopped(Ok(()))
+            if store_ended_key(why) {
+                if cancel.is_stopped() {
+                    TermEnd::Stopped(Ok(()))
+                } else {
+                    TermEnd::Over(None)
+                }
+            } else if !cancel.is_stopped() {
+                TermEnd::Over(Some(leadership.unresigned()))
             } else {
                 // Only this process's view of the leadership ended: the key may stand (a
                 // restarted store renews every lease), so the stop is clean only once the
@@ -461,7 +477,7 @@ where
             let mut resigned = leadership.hand_over().await;
             tracing::info!(token = %token, resigned = resigned.is_ok(), "stepped down before the deadline");
             if !cancel.is_stopped() {
-                return TermEnd::Over;
+                return TermEnd::Over(resigned.is_err().then(|| leadership.unresigned()));
             }
             // A stop asked for meanwhile wants the key gone, and says whether it is: the
             // store may answer again by now (the failed resignation was sent before it).
@@ -471,12 +487,12 @@ where
             TermEnd::Stopped(resigned)
         }
         End::Returned | End::Stopping => {
-            let resigned = leadership.resign().await;
-            tracing::info!(token = %token, how = end.describe(), "term over; resigned");
+            let resigned = leadership.hand_over().await;
+            tracing::info!(token = %token, how = end.describe(), resigned = resigned.is_ok(), "term over");
             if cancel.is_stopped() {
                 TermEnd::Stopped(resigned)
             } else {
-                TermEnd::Over
+                TermEnd::Over(resigned.is_err().then(|| leadership.unresigned()))
             }
         }
     }

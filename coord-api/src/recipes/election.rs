@@ -713,25 +713,59 @@ impl Leadership {
     /// try again.
     pub(crate) async fn hand_over(&self) -> Result<()> {
         lose(&self.lost, &self.key.name, LossReason::Resigned);
-        // In the session's turn for this election: never under a campaign's write of the same
-        // key, never after a newer campaign took the key over, never under an older
-        // leadership of the session that still stands on it.
-        let planted = crate::planted::enabled(crate::planted::Bug::ResignIgnoresNewerCampaign);
-        let Some(_turn) = (if planted {
-            Some(None)
-        } else {
-            self.session
-                .resign_turn(&self.key.name, self.campaign)
-                .await
-                .map(Some)
-        }) else {
-            tracing::info!(election = %self.key.name, token = %self.key.token, "leadership resigned; the key stays with another campaign of the session");
-            return Ok(());
-        };
-        self.store.resign(&self.key).await?;
-        tracing::info!(election = %self.key.name, token = %self.key.token, "leadership resigned");
-        Ok(())
+        resign_key(&self.store, &self.session, &self.key, self.campaign).await
     }
+
+    /// Ends the leadership, keeping what it takes to resign its key later (a resignation
+    /// that failed, or was never sent): no longer counted as a leadership held.
+    pub(crate) fn unresigned(self) -> Unresigned {
+        lose(&self.lost, &self.key.name, LossReason::Resigned);
+        Unresigned {
+            store: self.store.clone(),
+            session: self.session.clone(),
+            key: self.key.clone(),
+            campaign: self.campaign,
+        }
+    }
+}
+
+/// The key of a leadership that ended while it may still stand: from
+/// [`Leadership::unresigned`].
+pub(crate) struct Unresigned {
+    store: Arc<DynKvLeaseStore>,
+    session: SessionHandle,
+    key: LeaderKey,
+    campaign: u64,
+}
+
+impl Unresigned {
+    /// Deletes the key by [`Leadership::resign`]'s rules.
+    pub(crate) async fn resign(self) -> Result<()> {
+        resign_key(&self.store, &self.session, &self.key, self.campaign).await
+    }
+}
+
+/// Deletes a leadership's key in the session's turn for its election: never under a
+/// campaign's write of the same key, never after a newer campaign took the key over, never
+/// under an older leadership of the session that still stands on it.
+async fn resign_key(
+    store: &Arc<DynKvLeaseStore>,
+    session: &SessionHandle,
+    key: &LeaderKey,
+    campaign: u64,
+) -> Result<()> {
+    let planted = crate::planted::enabled(crate::planted::Bug::ResignIgnoresNewerCampaign);
+    let Some(_turn) = (if planted {
+        Some(None)
+    } else {
+        session.resign_turn(&key.name, campaign).await.map(Some)
+    }) else {
+        tracing::info!(election = %key.name, token = %key.token, "leadership resigned; the key stays with another campaign of the session");
+        return Ok(());
+    };
+    store.resign(key).await?;
+    tracing::info!(election = %key.name, token = %key.token, "leadership resigned");
+    Ok(())
 }
 
 impl Leadership {

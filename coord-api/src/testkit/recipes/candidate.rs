@@ -191,6 +191,46 @@ pub async fn a_candidate_stopped_while_cut_off_reports_its_key_left(fx: &dyn Fix
     .await;
 }
 
+/// A candidate stopped while it rests between terms, after its term's resignation failed
+/// (the store out of reach as the work returned), resigns then: the key still stands under
+/// the live lease, and a stop that returns `Ok` has deleted it. Where the TTL is shorter than
+/// a request's timeout (real etcd's fixture) the lease runs out first and the key goes with
+/// it; the simulator's keeps the key standing, which is the case that matters.
+pub async fn a_candidate_stopped_resting_after_a_failed_resignation_resigns(fx: &dyn Fixture) {
+    let store = fx.store();
+    let client = fx.client().await;
+    let pool = ElectionPool::new(
+        client.store.clone(),
+        SessionConfig::default().with_ttl(fx.ttl()),
+    );
+    let (done_tx, done) = tokio::sync::watch::channel(false);
+    let work = move |_term: Term| {
+        let mut done = done.clone();
+        async move {
+            let _ = done.wait_for(|d| *d).await;
+        }
+    };
+    // Rests long enough that the stop comes before the next campaign.
+    let config = CandidateConfig::new("jobs", "a").with_rest(fx.request_timeout() * 4);
+    let a = Candidate::spawn(&pool, config, work);
+    leading(&a, prompt(fx)).await;
+    client.cut_off(true);
+    done_tx.send_replace(true);
+    // The resignation, sent as the work returned, fails within a request's timeout (a
+    // shorter wait only lets it land, and the case then proves less, not wrongly).
+    tokio::time::sleep(fx.request_timeout() + prompt(fx)).await;
+    client.cut_off(false);
+    assert!(!a.is_leader(), "the term is over");
+    let stopped = a.stop().await;
+    let standing = store.get_prefix("jobs/").await.unwrap().count;
+    assert!(
+        stopped.is_err() || standing == 0,
+        "stop() returned Ok while {standing} key(s) of the election stand: the failed \
+         resignation's key was left behind"
+    );
+    pool.stop().await.unwrap();
+}
+
 /// A candidate's status is trusted like its fence: it stops saying `Leading` the instant its
 /// term ends, before the term's work has wound down (its grace) and before the resignation,
 /// so that a service guarding work with `is_leader()` never sees two leaders. Here an

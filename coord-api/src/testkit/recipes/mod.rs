@@ -89,6 +89,7 @@ macro_rules! recipe_tests {
             candidate::a_candidate_hands_over_only_once_its_work_stopped,
             candidate::a_cut_off_candidate_stops_its_work_before_anyone_else_leads,
             candidate::a_candidate_stopped_while_cut_off_reports_its_key_left,
+            candidate::a_candidate_stopped_resting_after_a_failed_resignation_resigns,
             candidate::a_candidate_rests_between_terms_and_counts_them,
             candidate::a_candidate_stops_saying_it_leads_the_instant_its_term_ends,
             mutex::mutex_excludes_and_hands_over_in_queue_order,
