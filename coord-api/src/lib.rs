@@ -66,8 +66,9 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
-mod campaign;
+pub mod elections;
 mod error;
+mod leader_key;
 pub mod metrics;
 mod namespace;
 #[doc(hidden)]
@@ -85,8 +86,9 @@ mod watch_stream;
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod testkit;
 
-pub use campaign::{candidate_key, LeaderKey};
+pub use elections::candidate_key;
 pub use error::{BoxError, Error, ErrorClass, Result};
+pub use leader_key::LeaderKey;
 pub use namespace::Namespaced;
 pub use request::{
     Compare, CompareOp, CompareTarget, DeleteRequest, DeleteResponse, GetRequest, GetResponse,

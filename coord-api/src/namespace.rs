@@ -7,8 +7,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 
-use crate::campaign::LeaderKey;
 use crate::error::{Error, Result};
+use crate::leader_key::LeaderKey;
 use crate::request::{
     Compare, DeleteRequest, DeleteResponse, GetRequest, GetResponse, LeaseGrant, LeaseTimeToLive,
     PutRequest, PutResponse, TxnOp, TxnOpResponse, TxnRequest, TxnResponse, WatchRequest,

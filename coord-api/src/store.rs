@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 
-use crate::campaign::{self, LeaderKey};
 use crate::error::Result;
+use crate::leader_key::LeaderKey;
 use crate::request::{
     DeleteRequest, DeleteResponse, GetRequest, GetResponse, LeaseGrant, LeaseTimeToLive,
     PutRequest, PutResponse, TxnRequest, TxnResponse, WatchRequest,
@@ -49,10 +49,15 @@ pub type DynKvLeaseStore = dyn KvLeaseStore;
 /// already be on its way). A dropped [`campaign`](KvLeaseStore::campaign) deletes its candidate
 /// key in the background. Dropping a [`WatchStream`] cancels the watch.
 ///
-/// # Wrappers
+/// # Elections
 ///
-/// A wrapper store (retries, tracing, metrics) must forward *every* method, including the
-/// provided election methods, or it silently changes the backend's election behaviour.
+/// The five election methods ([`campaign`](KvLeaseStore::campaign) to
+/// [`resign`](KvLeaseStore::resign)) are part of the contract, so that a backend may offer
+/// elections of its own; a backend without them writes each as one call into
+/// [`crate::elections`], etcd's algorithm on the primitives above (as `SimStore` and
+/// `EtcdStore` do). They have no default: a wrapper store (retries, tracing, metrics,
+/// [`Namespaced`](crate::Namespaced)) forwards them like every other method, and the compiler
+/// says so if it does not.
 ///
 /// # Example
 ///
@@ -74,9 +79,9 @@ pub trait KvLeaseStore: fmt::Debug + Send + Sync + 'static {
     /// What the store accepts and how its time behaves.
     fn limits(&self) -> Limits;
 
-    /// Another handle to the same store that may outlive `&self`. The provided election
-    /// methods use it to finish clean-up after a cancelled campaign and to drive
-    /// [`observe`](KvLeaseStore::observe) streams.
+    /// Another handle to the same store that may outlive `&self`. The election algorithm
+    /// ([`crate::elections`]) uses it to finish clean-up after a cancelled campaign and to
+    /// drive [`observe`](KvLeaseStore::observe) streams.
     ///
     /// # Contract
     /// * The handle reaches the same store and sees every write `self` made (it reads its
@@ -201,39 +206,29 @@ pub trait KvLeaseStore: fmt::Debug + Send + Sync + 'static {
     /// [`InvalidArgument`](crate::Error::InvalidArgument) for a malformed name;
     /// [`LeaseNotFound`](crate::Error::LeaseNotFound) when the lease is gone to begin with;
     /// [`CandidacyLost`](crate::Error::CandidacyLost) as above.
-    async fn campaign(&self, name: &str, value: Bytes, lease: LeaseId) -> Result<LeaderKey> {
-        campaign::campaign(self, name, value, lease).await
-    }
+    async fn campaign(&self, name: &str, value: Bytes, lease: LeaseId) -> Result<LeaderKey>;
 
     /// Replaces the leader's value, only if `leader` still leads (its key still has the same
     /// create revision).
     ///
     /// # Errors
     /// [`NotLeader`](crate::Error::NotLeader) otherwise.
-    async fn proclaim(&self, leader: &LeaderKey, value: Bytes) -> Result<()> {
-        campaign::proclaim(self, leader, value).await
-    }
+    async fn proclaim(&self, leader: &LeaderKey, value: Bytes) -> Result<()>;
 
     /// The current leader's key and value: the candidate with the lowest create revision.
     ///
     /// # Errors
     /// [`NoLeader`](crate::Error::NoLeader) when there is no candidate.
-    async fn leader(&self, name: &str) -> Result<KeyValue> {
-        campaign::leader(self, name).await
-    }
+    async fn leader(&self, name: &str) -> Result<KeyValue>;
 
     /// Streams the election's leader: the current one first (once there is one), then each
     /// new leader and each proclaimed value. Like etcd's, it reports the leader as it sees it
     /// when it looks, not every intermediate leader.
-    async fn observe(&self, name: &str) -> Result<LeaderStream> {
-        campaign::observe(self.shared(), name)
-    }
+    async fn observe(&self, name: &str) -> Result<LeaderStream>;
 
     /// Gives up leadership (or a place in the queue) by deleting the key, only if it is still
     /// this one (same create revision). Resigning twice, or after the key is gone, is `Ok`.
-    async fn resign(&self, leader: &LeaderKey) -> Result<()> {
-        campaign::resign(self, leader).await
-    }
+    async fn resign(&self, leader: &LeaderKey) -> Result<()>;
 }
 
 /// A keep-alive channel for one lease, from [`KvLeaseStore::keep_alive`].

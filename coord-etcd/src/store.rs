@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use coord_api::{
-    validate, Bytes, DeleteRequest, DeleteResponse, DynKvLeaseStore, Error, GetRequest,
-    GetResponse, KeepAlive, KvLeaseStore, KvLeaseStoreExt, LeaseGrant, LeaseId, LeaseTimeToLive,
-    Limits, PutRequest, PutResponse, Result, Revision, TxnOp, TxnRequest, TxnResponse,
-    WatchRequest, WatchStream,
+    elections, validate, Bytes, DeleteRequest, DeleteResponse, DynKvLeaseStore, Error, GetRequest,
+    GetResponse, KeepAlive, KeyValue, KvLeaseStore, KvLeaseStoreExt, LeaderKey, LeaderStream,
+    LeaseGrant, LeaseId, LeaseTimeToLive, Limits, PutRequest, PutResponse, Result, Revision, TxnOp,
+    TxnRequest, TxnResponse, WatchRequest, WatchStream,
 };
 
 use crate::config::EtcdConfig;
@@ -428,6 +428,27 @@ impl KvLeaseStore for EtcdStore {
             Ok(_) => Ok(()),
             Err(e) => Err(self.with_revisions(e, revision).await),
         }
+    }
+
+    // No elections of its own: etcd's algorithm on the primitives above.
+    async fn campaign(&self, name: &str, value: Bytes, lease: LeaseId) -> Result<LeaderKey> {
+        elections::campaign(self, name, value, lease).await
+    }
+
+    async fn proclaim(&self, leader: &LeaderKey, value: Bytes) -> Result<()> {
+        elections::proclaim(self, leader, value).await
+    }
+
+    async fn leader(&self, name: &str) -> Result<KeyValue> {
+        elections::leader(self, name).await
+    }
+
+    async fn observe(&self, name: &str) -> Result<LeaderStream> {
+        elections::observe(self.shared(), name)
+    }
+
+    async fn resign(&self, leader: &LeaderKey) -> Result<()> {
+        elections::resign(self, leader).await
     }
 }
 

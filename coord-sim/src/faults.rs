@@ -193,6 +193,9 @@ impl SimStore {
     /// client.hold_sent();
     /// client.set_latency(Duration::ZERO);
     /// client.put(PutRequest::new("k", "second")).await?;
+    /// // The first put reaches the store meanwhile, and is kept there.
+    /// tokio::time::sleep(Duration::from_millis(100)).await;
+    /// assert_eq!(store.get_key("k").await?.unwrap().value_str(), "second");
     /// assert_eq!(client.release_sent(), 1, "the first put was held");
     /// first.await.unwrap()?;
     /// // The first write landed last.

@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use coord_api::{
-    validate, DeleteRequest, DeleteResponse, DynKvLeaseStore, GetRequest, GetResponse, KeepAlive,
-    KvLeaseStore, LeaseGrant, LeaseId, LeaseTimeToLive, Limits, PutRequest, PutResponse, Result,
-    Revision, TxnRequest, TxnResponse, WatchRequest, WatchResponse, WatchStream,
+    elections, validate, Bytes, DeleteRequest, DeleteResponse, DynKvLeaseStore, GetRequest,
+    GetResponse, KeepAlive, KeyValue, KvLeaseStore, LeaderKey, LeaderStream, LeaseGrant, LeaseId,
+    LeaseTimeToLive, Limits, PutRequest, PutResponse, Result, Revision, TxnRequest, TxnResponse,
+    WatchRequest, WatchResponse, WatchStream,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -689,6 +690,27 @@ impl KvLeaseStore for SimStore {
             c.apply(|s, now| s.compact(now, revision))
         })
         .await
+    }
+
+    // No elections of its own: etcd's algorithm on the primitives above.
+    async fn campaign(&self, name: &str, value: Bytes, lease: LeaseId) -> Result<LeaderKey> {
+        elections::campaign(self, name, value, lease).await
+    }
+
+    async fn proclaim(&self, leader: &LeaderKey, value: Bytes) -> Result<()> {
+        elections::proclaim(self, leader, value).await
+    }
+
+    async fn leader(&self, name: &str) -> Result<KeyValue> {
+        elections::leader(self, name).await
+    }
+
+    async fn observe(&self, name: &str) -> Result<LeaderStream> {
+        elections::observe(self.shared(), name)
+    }
+
+    async fn resign(&self, leader: &LeaderKey) -> Result<()> {
+        elections::resign(self, leader).await
     }
 }
 

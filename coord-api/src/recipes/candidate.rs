@@ -27,11 +27,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::election::{Fence, Leadership, LossReason, Unresigned};
+use super::election::{Fence, Leadership, Unresigned};
+use super::loss::LossReason;
 use super::pool::ElectionPool;
 use super::task::Task;
-use crate::campaign::LeaderKey;
 use crate::error::{Error, Result};
+use crate::leader_key::LeaderKey;
 use crate::request::{TxnRequest, TxnResponse};
 use crate::retry::{self, Backoff};
 use crate::sync::{watch, Stop};

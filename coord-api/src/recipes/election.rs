@@ -24,11 +24,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::follow::Follow;
+use super::loss::LossReason;
 use super::session::{CampaignTurn, SessionEnd, SessionHandle, SessionHealth};
 use super::task::Task;
-use crate::campaign::{self, candidate_key, LeaderKey};
+use crate::elections::follow::Follow;
+use crate::elections::{self, candidate_key};
 use crate::error::{Error, Result};
+use crate::leader_key::LeaderKey;
 use crate::request::{Compare, CompareOp, GetRequest, PutRequest, TxnOp, TxnRequest, TxnResponse};
 use crate::store::{DynKvLeaseStore, KvLeaseStore, LeaderStream};
 use crate::sync::watch;
@@ -111,7 +113,7 @@ impl Election {
         let (won, _turn) = tokio::select! {
             biased;
             end = self.session.done() => return Err(self.ended(end)),
-            r = campaign::campaign_with(&*self.store, &self.name, value, lease, cleanup, self.seats, Some(turn)) => r?,
+            r = elections::campaign_with(&*self.store, &self.name, value, lease, cleanup, self.seats, Some(turn)) => r?,
         };
         self.runway(&won, campaign).await?;
         crate::sync::explore::point().await;
@@ -190,7 +192,7 @@ impl Election {
         // so it cannot lose a race with another candidate (go-coord's TryCampaign could, and
         // then blocked).
         // The write owns the turn until it settles, as a campaign's does.
-        let (written, _turn) = campaign::settled(
+        let (written, _turn) = elections::settled(
             self.store.clone(),
             TxnRequest::new()
                 .when([
@@ -201,7 +203,7 @@ impl Election {
                     },
                 ])
                 .and_then([PutRequest::new(key.clone(), value.to_vec()).with_lease(lease)])
-                .or_else([campaign::oldest_candidate(&self.name)]),
+                .or_else([elections::oldest_candidate(&self.name)]),
             Some(turn),
         )
         .await;
@@ -247,7 +249,7 @@ impl Election {
                     };
                     // As a campaign's rejoin does: the leader's value becomes this one's.
                     if kv.value != value {
-                        campaign::proclaim(&*self.store, &won, value).await?;
+                        elections::proclaim(&*self.store, &won, value).await?;
                     }
                     won
                 }
@@ -346,9 +348,9 @@ impl Election {
     /// Whether `won` still holds a seat (the leadership, with one seat), read from the store.
     async fn still_leads(&self, won: &LeaderKey) -> Result<bool> {
         if self.seats > 1 {
-            return campaign::seat(&*self.store, won, self.seats)
+            return elections::seat(&*self.store, won, self.seats)
                 .await
-                .map(|s| matches!(s, campaign::Seat::Held));
+                .map(|s| matches!(s, elections::Seat::Held));
         }
         match self.store.leader(&self.name).await {
             Ok(kv) => Ok(kv.key == won.key && kv.create_revision == won.token),
@@ -365,7 +367,7 @@ impl Election {
         value: Bytes,
         prefix: String,
         key: String,
-        turn: campaign::Turn,
+        turn: elections::Turn,
         campaign: u64,
     ) -> Result<Option<Leadership>> {
         let lease = self.session.lease();
@@ -374,7 +376,7 @@ impl Election {
                 .with_sort(crate::SortTarget::Create, crate::SortOrder::Ascend)
                 .with_limit(self.seats as u64)
         };
-        let (written, _turn) = campaign::settled(
+        let (written, _turn) = elections::settled(
             self.store.clone(),
             TxnRequest::new()
                 .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
@@ -424,7 +426,7 @@ impl Election {
                     won.token = kv.create_revision;
                     // As a campaign's rejoin does: the seat's value becomes this one's.
                     if kv.value != value {
-                        campaign::proclaim(&*self.store, &won, value).await?;
+                        elections::proclaim(&*self.store, &won, value).await?;
                     }
                 }
                 None => return Ok(None),
@@ -444,7 +446,7 @@ impl Election {
     /// Hands a key this session may have written to the session, which deletes it in the
     /// background unless a newer campaign takes it over.
     fn withdraw(&self, key: LeaderKey, campaign: u64) {
-        if let campaign::Cleanup::HandOff(withdraw) = self.session.cleanup(&self.name, campaign) {
+        if let elections::Cleanup::HandOff(withdraw) = self.session.cleanup(&self.name, campaign) {
             withdraw(self.store.clone(), key);
         }
     }
@@ -455,62 +457,6 @@ impl Election {
             key: candidate_key(&self.name, self.session.lease()),
             lease: self.session.lease(),
             reason: format!("the session ended: {end}"),
-        }
-    }
-}
-
-/// Why a [`Leadership`] ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum LossReason {
-    /// The session's local deadline passed without a renewal: the store may elect another
-    /// leader from now on.
-    DeadlinePassed,
-    /// The store reported the session's lease gone.
-    LeaseLost,
-    /// The leader key was deleted (by hand, or with its lease) or replaced.
-    KeyDeleted,
-    /// A fenced write was refused: the store no longer counts this key as the leader.
-    FencedOut,
-    /// The session was stopped, orphaned or dropped by its owner.
-    SessionClosed,
-    /// [`Leadership::resign`] gave it up.
-    Resigned,
-}
-
-impl LossReason {
-    /// The `reason` label of [`LEADERSHIP_ENDED`](crate::metrics::LEADERSHIP_ENDED).
-    pub fn label(self) -> &'static str {
-        match self {
-            LossReason::DeadlinePassed => "deadline_passed",
-            LossReason::LeaseLost => "lease_lost",
-            LossReason::KeyDeleted => "key_deleted",
-            LossReason::FencedOut => "fenced_out",
-            LossReason::SessionClosed => "session_closed",
-            LossReason::Resigned => "resigned",
-        }
-    }
-}
-
-impl std::fmt::Display for LossReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            LossReason::DeadlinePassed => "the session's deadline passed without a renewal",
-            LossReason::LeaseLost => "the store reported the lease gone",
-            LossReason::KeyDeleted => "the leader key was deleted",
-            LossReason::FencedOut => "a fenced write was refused",
-            LossReason::SessionClosed => "the session was closed",
-            LossReason::Resigned => "resigned",
-        })
-    }
-}
-
-impl From<SessionEnd> for LossReason {
-    fn from(end: SessionEnd) -> Self {
-        match end {
-            SessionEnd::Expired => LossReason::DeadlinePassed,
-            SessionEnd::LeaseLost => LossReason::LeaseLost,
-            _ => LossReason::SessionClosed,
         }
     }
 }
@@ -775,7 +721,7 @@ impl Leadership {
     /// campaign that already rejoined the key.
     pub(crate) fn withdraw_in_background(self) {
         lose(&self.lost, &self.key.name, LossReason::Resigned);
-        if let campaign::Cleanup::HandOff(withdraw) =
+        if let elections::Cleanup::HandOff(withdraw) =
             self.session.cleanup(&self.key.name, self.campaign)
         {
             withdraw(self.store.clone(), self.key.clone());

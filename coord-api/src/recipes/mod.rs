@@ -23,9 +23,9 @@ mod candidate;
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod discover;
 mod election;
-pub(crate) mod follow;
 mod hold;
 mod host;
+mod loss;
 mod mutex;
 mod pool;
 mod registration;
@@ -40,8 +40,9 @@ mod watcher;
 pub use candidate::{Candidate, CandidateConfig, CandidateStatus, Term};
 #[cfg(feature = "tower")]
 pub use discover::discover;
-pub use election::{Election, Fence, Leadership, LossReason};
+pub use election::{Election, Fence, Leadership};
 pub use host::{HostSession, HostSessionStats};
+pub use loss::LossReason;
 pub use mutex::{Mutex, MutexGuard};
 pub use pool::{ElectionPool, PoolStats};
 pub use registration::{

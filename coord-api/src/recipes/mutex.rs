@@ -18,10 +18,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::election::{Election, Fence, Leadership, LossReason};
+use super::election::{Election, Fence, Leadership};
+use super::loss::LossReason;
 use super::session::SessionHandle;
-use crate::campaign::LeaderKey;
 use crate::error::{Error, Result};
+use crate::leader_key::LeaderKey;
 use crate::request::{Compare, TxnRequest, TxnResponse};
 use crate::types::{KeyValue, Revision};
 

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use super::election::{Election, Leadership};
 use super::host::HostSession;
 use super::session::SessionConfig;
-use crate::campaign::candidate_key;
+use crate::elections::candidate_key;
 use crate::error::{Error, Result};
 use crate::request::DeleteRequest;
 use crate::store::DynKvLeaseStore;

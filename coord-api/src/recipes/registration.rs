@@ -34,10 +34,10 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::follow::{Change, Follow};
 use super::host::HostSession;
 use super::session::{SessionConfig, SessionEnd, SessionHandle};
 use super::task::Task;
+use crate::elections::follow::{Change, Follow};
 use crate::error::{Error, Result};
 use crate::request::{
     Compare, CompareOp, DeleteRequest, GetRequest, PutRequest, TxnOp, TxnOpResponse, TxnRequest,

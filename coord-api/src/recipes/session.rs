@@ -35,9 +35,9 @@ use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant, Sleep};
 use tracing::Instrument;
 
-use super::election::LossReason;
+use super::loss::LossReason;
 use super::task::Task;
-use crate::campaign::{withdraw, Cleanup};
+use crate::elections::{withdraw, Cleanup};
 use crate::error::{Error, ErrorClass, Result};
 use crate::retry::{self, Backoff};
 use crate::store::{DynKvLeaseStore, KeepAlive};
@@ -1113,6 +1113,16 @@ impl Renewer {
                 }
                 Attempt::Ended(_) => return,
             }
+        }
+    }
+}
+
+impl From<SessionEnd> for LossReason {
+    fn from(end: SessionEnd) -> Self {
+        match end {
+            SessionEnd::Expired => LossReason::DeadlinePassed,
+            SessionEnd::LeaseLost => LossReason::LeaseLost,
+            _ => LossReason::SessionClosed,
         }
     }
 }

@@ -7,6 +7,32 @@
 //!   waiting candidate watches its own key as well as its predecessor's, and it only returns
 //!   after one consistent read showed its key present, with its create revision, and first.
 //! * A dropped campaign leaves its key queued until the lease ends; here a guard deletes it.
+//!
+//! A backend without elections of its own implements the trait's election methods with
+//! these functions, one line each:
+//!
+//! ```
+//! use coord_api::{elections, Bytes, KeyValue, KvLeaseStore, LeaderKey, LeaderStream, LeaseId, Result};
+//!
+//! // What `impl KvLeaseStore for MyStore` writes for each, `store` being `self`:
+//! async fn campaign<S: KvLeaseStore + ?Sized>(
+//!     store: &S, name: &str, value: Bytes, lease: LeaseId,
+//! ) -> Result<LeaderKey> {
+//!     elections::campaign(store, name, value, lease).await
+//! }
+//! async fn proclaim<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey, value: Bytes) -> Result<()> {
+//!     elections::proclaim(store, leader, value).await
+//! }
+//! async fn leader<S: KvLeaseStore + ?Sized>(store: &S, name: &str) -> Result<KeyValue> {
+//!     elections::leader(store, name).await
+//! }
+//! async fn observe<S: KvLeaseStore + ?Sized>(store: &S, name: &str) -> Result<LeaderStream> {
+//!     elections::observe(store.shared(), name)
+//! }
+//! async fn resign<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) -> Result<()> {
+//!     elections::resign(store, leader).await
+//! }
+//! ```
 
 use std::sync::Arc;
 
@@ -15,7 +41,7 @@ use futures::StreamExt;
 use tracing::Instrument;
 
 use crate::error::{Error, ErrorClass, Result};
-use crate::recipes::follow::{Change, Follow};
+use crate::leader_key::LeaderKey;
 use crate::request::{
     Compare, CompareOp, DeleteRequest, GetRequest, PutRequest, SortOrder, SortTarget, TxnOp,
     TxnRequest, WatchRequest,
@@ -25,27 +51,9 @@ use crate::store::{DynKvLeaseStore, KvLeaseStore, LeaderStream};
 use crate::types::{EventKind, KeyValue, LeaseId, Revision};
 use crate::validate;
 
-/// A candidate's key in an election: what [`KvLeaseStore::campaign`] returns, and what
-/// proclaim and resign take to prove who is asking.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct LeaderKey {
-    /// The election's name.
-    pub name: String,
-    /// The candidate key, `name/<lease hex>`.
-    pub key: Bytes,
-    /// The key's create revision: a fencing token that only grows from one leader to the next.
-    pub token: Revision,
-    /// The lease the key lives under.
-    pub lease: LeaseId,
-}
+use follow::{Change, Follow};
 
-impl LeaderKey {
-    /// A compare that holds only while this key still stands as created. Put it in a
-    /// transaction to make a write conditional on still being this candidate.
-    pub fn is_current(&self) -> Compare {
-        Compare::create_revision(self.key.to_vec(), CompareOp::Equal, self.token)
-    }
-}
+pub(crate) mod follow;
 
 fn prefix_of(name: &str) -> String {
     format!("{name}/")
@@ -66,7 +74,12 @@ pub(crate) enum Cleanup {
     HandOff(Box<dyn FnOnce(Arc<DynKvLeaseStore>, LeaderKey) + Send>),
 }
 
-pub(crate) async fn campaign<S: KvLeaseStore + ?Sized>(
+/// [`KvLeaseStore::campaign`] on `store`'s primitives: etcd's algorithm, a dropped
+/// campaign's key deleted in the background.
+///
+/// # Errors
+/// As [`KvLeaseStore::campaign`] says.
+pub async fn campaign<S: KvLeaseStore + ?Sized>(
     store: &S,
     name: &str,
     value: Bytes,
@@ -470,7 +483,12 @@ pub(crate) async fn withdraw<S: KvLeaseStore + ?Sized>(
     Ok(())
 }
 
-pub(crate) async fn proclaim<S: KvLeaseStore + ?Sized>(
+/// [`KvLeaseStore::proclaim`] on `store`'s primitives: a put conditional on the key's create
+/// revision.
+///
+/// # Errors
+/// [`Error::NotLeader`] when the key no longer stands as created; the store's own errors.
+pub async fn proclaim<S: KvLeaseStore + ?Sized>(
     store: &S,
     leader: &LeaderKey,
     value: Bytes,
@@ -489,7 +507,12 @@ pub(crate) async fn proclaim<S: KvLeaseStore + ?Sized>(
     }
 }
 
-pub(crate) async fn resign<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) -> Result<()> {
+/// [`KvLeaseStore::resign`] on `store`'s primitives: a delete conditional on the key's create
+/// revision.
+///
+/// # Errors
+/// The store's own errors (a key already gone is success).
+pub async fn resign<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) -> Result<()> {
     // Conditional on the create revision: a retried or late resign must never delete a newer
     // incarnation of the key (etcd#22082).
     store
@@ -515,7 +538,13 @@ fn first_created(kvs: Vec<KeyValue>) -> Option<KeyValue> {
     kvs.into_iter().next()
 }
 
-pub(crate) async fn leader<S: KvLeaseStore + ?Sized>(store: &S, name: &str) -> Result<KeyValue> {
+/// [`KvLeaseStore::leader`] on `store`'s primitives: the oldest candidate key, in one read of
+/// one key.
+///
+/// # Errors
+/// [`Error::NoLeader`] when there is no candidate; [`Error::InvalidArgument`] for a
+/// malformed name; the store's own errors.
+pub async fn leader<S: KvLeaseStore + ?Sized>(store: &S, name: &str) -> Result<KeyValue> {
     validate::election_name(name)?;
     let resp = store.get(oldest_candidate(name)).await?;
     first_created(resp.kvs).ok_or_else(|| Error::NoLeader {
@@ -523,7 +552,12 @@ pub(crate) async fn leader<S: KvLeaseStore + ?Sized>(store: &S, name: &str) -> R
     })
 }
 
-pub(crate) fn observe(store: Arc<DynKvLeaseStore>, name: &str) -> Result<LeaderStream> {
+/// [`KvLeaseStore::observe`] on the primitives of `store` (a [`KvLeaseStore::shared`]
+/// handle: the stream outlives the call).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a malformed name.
+pub fn observe(store: Arc<DynKvLeaseStore>, name: &str) -> Result<LeaderStream> {
     validate::election_name(name)?;
     let prefix = prefix_of(name);
     let oldest = oldest_candidate(name);
