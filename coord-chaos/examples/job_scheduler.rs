@@ -24,7 +24,8 @@ use std::time::Duration;
 
 use coord_api::recipes::{Candidate, CandidateConfig, ElectionPool, SessionConfig, Term};
 use coord_api::{
-    Compare, CompareOp, Error, EventKind, GetRequest, KvLeaseStore, PutRequest, TxnRequest,
+    Compare, CompareOp, Error, EventKind, GetRequest, KvLeaseStore, PutRequest, Revision,
+    TxnRequest,
 };
 use coord_chaos::{FencedWrites, Invariant, Node, Run, Runner, Scenario, Service, Violation};
 use futures::future::BoxFuture;
@@ -50,15 +51,16 @@ impl Service for JobScheduler {
         Box::pin(run(node, self.fenced))
     }
 
+    fn operator_prefixes(&self) -> Vec<String> {
+        // The candidates' keys: an operator may revoke a leader's lease or delete its key.
+        vec![format!("{ELECTION}/")]
+    }
+
     fn invariants(&self, scenario: &Scenario) -> Vec<Box<dyn Invariant>> {
         vec![
             Box::new(FencedWrites::new(ELECTION, RESULTS, |value| {
-                std::str::from_utf8(value)
-                    .ok()?
-                    .split(':')
-                    .next()?
-                    .parse()
-                    .ok()
+                let token = std::str::from_utf8(value).ok()?.split(':').next()?;
+                token.parse().ok().map(Revision)
             })),
             Box::new(EachJobOnce),
             Box::new(LeaderAfterEachFault {

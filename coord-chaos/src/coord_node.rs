@@ -16,6 +16,7 @@ use coord_api::recipes::{
     SessionConfig, Term,
 };
 use coord_api::sync::{watch, Stop};
+use coord_api::Revision;
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
@@ -47,22 +48,22 @@ impl Service for CoordService {
         Box::pin(run(node))
     }
 
+    fn operator_prefixes(&self) -> Vec<String> {
+        vec![HOSTS.to_owned(), "elections/".to_owned()]
+    }
+
     fn invariants(&self, scenario: &Scenario) -> Vec<Box<dyn Invariant>> {
         let mut all = check::coord();
         for e in 0..scenario.elections {
             let prefix = format!("work/{}/", election_name(e));
-            all.push(Box::new(FencedWrites::new(election_name(e), prefix, |v| {
-                std::str::from_utf8(v).ok()?.parse().ok()
-            })));
+            all.push(Box::new(FencedWrites::new(election_name(e), prefix, token)));
         }
-        all.push(Box::new(FencedWrites::new(LOCK, LOCK_WORK_PREFIX, |v| {
-            std::str::from_utf8(v).ok()?.parse().ok()
-        })));
+        all.push(Box::new(FencedWrites::new(LOCK, LOCK_WORK_PREFIX, token)));
         all.push(Box::new(Permits::new(
             SEMAPHORE,
             PERMITS as usize,
             PERMIT_WORK_PREFIX,
-            |v| std::str::from_utf8(v).ok()?.parse().ok(),
+            token,
         )));
         all
     }
@@ -385,6 +386,11 @@ impl Pool {
         let pool = self.pool.stop().await;
         parts.and(pool)
     }
+}
+
+/// The token coord's nodes write through a fence: the value is the token alone.
+fn token(value: &[u8]) -> Option<Revision> {
+    std::str::from_utf8(value).ok()?.parse().ok().map(Revision)
 }
 
 /// Runs a candidate in election `e` until stopped; when told to resign, stops it for a while;

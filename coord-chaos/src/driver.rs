@@ -42,7 +42,9 @@ pub(crate) trait World {
     fn store_down(&mut self, down: bool);
     /// Starts or ends a compaction storm.
     fn compaction(&mut self, storm: &Fault, on: bool);
-    /// An operator revokes or deletes one of the nodes' keys.
+    /// An operator revokes or deletes one of the service's keys (its
+    /// [`operator_prefixes`](crate::Service::operator_prefixes)), recording the fault as it
+    /// acts: not at all when there is no such key.
     fn operator(&mut self, fault: &Fault);
     /// Crashes the node's live incarnation.
     fn crash(&mut self, node: usize);
@@ -181,6 +183,11 @@ impl Driver {
                 }
                 return;
             }
+            if matches!(f.kind, FaultKind::Revoke | FaultKind::Delete) {
+                // Recorded by the world as it acts: there may be no key to act on.
+                world.operator(f);
+                return;
+            }
             // Recorded before it acts, so that what it causes comes after it in the history.
             world.record(Happening::FaultStart(f.clone()));
             self.begin(world, f);
@@ -246,7 +253,8 @@ impl Driver {
                 }
             }
             FaultKind::Compact => w.compaction(f, true),
-            FaultKind::Revoke | FaultKind::Delete => w.operator(f),
+            // Applied, and recorded as they act, by `apply`.
+            FaultKind::Revoke | FaultKind::Delete => {}
             FaultKind::Crash => {
                 if self.nest(Nest::Crash, n, true) {
                     w.crash(n);

@@ -15,7 +15,6 @@ use tokio::time::Instant;
 use crate::driver::{actions, Driver, World};
 use crate::fault::{Fault, FaultKind};
 use crate::history::{Happening, History, Incarnation};
-use crate::keys::HOSTS;
 use crate::recorder::Recorder;
 use crate::scenario::Scenario;
 use crate::service::{Node, NodeControl, PartStopRequest, Service};
@@ -322,7 +321,8 @@ impl World for InProcess {
 
     fn operator(&mut self, fault: &Fault) {
         let (store, fault) = (self.store.connect(), fault.clone());
-        tokio::spawn(async move { operate(&store, &fault).await });
+        let (targets, rec) = (self.service.operator_prefixes(), self.rec.clone());
+        tokio::spawn(async move { operate(&store, &fault, &targets, &rec).await });
     }
 
     fn crash(&mut self, n: usize) {
@@ -403,10 +403,18 @@ impl World for InProcess {
 
 /// An operator revokes or deletes one of the nodes' keys (hosts and election candidates),
 /// picked by the fault.
-pub(crate) async fn operate(store: &dyn KvLeaseStore, f: &Fault) {
+/// An operator's revoke or delete: of a key drawn from those under `targets` (the service's
+/// [`operator_prefixes`](Service::operator_prefixes)). Recorded as it acts (after the
+/// listing, before the revoke or delete), and not at all when there is nothing to act on.
+pub(crate) async fn operate(
+    store: &dyn KvLeaseStore,
+    f: &Fault,
+    targets: &[String],
+    rec: &Recorder,
+) {
     let mut keys = Vec::new();
-    for prefix in [HOSTS, "elections/"] {
-        match store.get(GetRequest::prefix(prefix)).await {
+    for prefix in targets {
+        match store.get(GetRequest::prefix(prefix.as_str())).await {
             Ok(listing) => keys.extend(listing.kvs),
             Err(_) => return,
         }
@@ -415,6 +423,7 @@ pub(crate) async fn operate(store: &dyn KvLeaseStore, f: &Fault) {
         return;
     }
     let kv = &keys[(f.pick % keys.len() as u64) as usize];
+    rec.record(Happening::FaultStart(f.clone()));
     if f.kind == FaultKind::Revoke {
         let _ = store.revoke(kv.lease).await;
     } else {

@@ -25,7 +25,9 @@
 //! invariants apply (one believer at a time, growing tokens, failover, a leader after the
 //! heal, no delete of a node's own landing on a key it still believes it leads on); declare the resource its leader writes with a [`FencedWrites`] and no deposed
 //! leader's write may land; add your own [`Invariant`]s over the store's commits and your
-//! nodes' [notes](Node::note). The crate's `job_scheduler` example is a complete one, with a
+//! nodes' [notes](Node::note). Name your coordination keys' prefixes in
+//! [`Service::operator_prefixes`], so that an operator's revoke and delete faults reach them
+//! (the run's summary counts only the faults that acted). The crate's `job_scheduler` example is a complete one, with a
 //! planted bug the checkers catch.
 //!
 //! ```
@@ -39,6 +41,9 @@
 //!
 //! impl Service for Leader {
 //!     fn name(&self) -> &str { "leader" }
+//!
+//!     // An operator may revoke a candidate's lease or delete its key.
+//!     fn operator_prefixes(&self) -> Vec<String> { vec!["leader/".into()] }
 //!
 //!     fn run(&self, node: Node) -> BoxFuture<'static, ()> {
 //!         Box::pin(async move {

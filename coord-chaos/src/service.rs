@@ -35,6 +35,16 @@ pub trait Service: Send + Sync + 'static {
         let _ = scenario;
         Vec::new()
     }
+
+    /// The key prefixes an operator's faults act on: a `revoke` fault revokes the lease of a
+    /// key drawn from the keys under them, a `delete` fault deletes one (as an operator's
+    /// `etcdctl lease revoke` or `etcdctl del` would). Name the service's coordination keys
+    /// here: its registrations, its elections, its locks (for an election named `jobs`, the
+    /// prefix `jobs/`), not data whose loss is no coordination fault. None by default:
+    /// operator faults then find nothing to act on and are neither recorded nor counted.
+    fn operator_prefixes(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// A request to stop one part of a node for a while (the `stop` fault kind). What a part is

@@ -118,6 +118,7 @@ pub fn simulate_service_turmoil(
         };
         host.add(&mut sim);
     }
+    let targets = service.operator_prefixes();
     let mut driver = Driver::default();
     let actions = actions(faults, turmoil_supports);
     let mut next = 0;
@@ -135,6 +136,7 @@ pub fn simulate_service_turmoil(
             paused: &paused,
             incs: &incs,
             parts: &parts,
+            targets: &targets,
         };
         if !healed && now >= scenario.heal_at() {
             driver.heal(&mut world, scenario.hosts);
@@ -255,6 +257,8 @@ struct Turmoil<'a, 'b> {
     paused: &'a [Arc<watch::Sender<bool>>],
     incs: &'a [Arc<AtomicU32>],
     parts: &'a PartStops,
+    /// The service's operator prefixes.
+    targets: &'a [String],
 }
 
 impl Turmoil<'_, '_> {
@@ -384,9 +388,9 @@ impl World for Turmoil<'_, '_> {
     }
 
     fn operator(&mut self, fault: &Fault) {
-        let fault = fault.clone();
+        let (fault, targets, rec) = (fault.clone(), self.targets.to_vec(), self.rec.clone());
         self.cluster
-            .on_store(move |store| async move { operate(&store, &fault).await });
+            .on_store(move |store| async move { operate(&store, &fault, &targets, &rec).await });
     }
 
     fn members(&self) -> usize {

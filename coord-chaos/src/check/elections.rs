@@ -3,13 +3,14 @@
 //! time), S3 (no phantom leadership), S9 (no node deletes the key it believes it leads on),
 //! L5 (a leader exists after the heal), L6 (failover).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use coord_api::{KeyValue, Revision};
 
 use super::beliefs::Leading;
 use super::truth::Deletion;
-use super::{Invariant, Run, Violation};
+use super::{Commit, Invariant, Run, TokenReader, Violation};
 use crate::fault::FaultKind;
 use crate::history::{Happening, Incarnation};
 
@@ -94,48 +95,60 @@ pub(super) fn s1_tokens_grow(run: &Run<'_>, out: &mut Vec<Violation>) {
 ///
 /// ```
 /// use coord_chaos::FencedWrites;
+/// use coord_api::Revision;
 /// // Results are written as "<token>:<job>" by the leader of "jobs".
 /// let fenced = FencedWrites::new("jobs", "results/", |value| {
-///     std::str::from_utf8(value).ok()?.split(':').next()?.parse().ok()
+///     let token = std::str::from_utf8(value).ok()?.split(':').next()?.parse().ok()?;
+///     Some(Revision(token))
 /// });
 /// # let _ = fenced;
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct FencedWrites {
     name: String,
     election: String,
     prefix: Vec<u8>,
-    token: fn(&[u8]) -> Option<i64>,
+    token: TokenReader,
+}
+
+impl std::fmt::Debug for FencedWrites {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FencedWrites")
+            .field("election", &self.election)
+            .field("prefix", &String::from_utf8_lossy(&self.prefix))
+            .finish_non_exhaustive()
+    }
 }
 
 impl FencedWrites {
     /// The writes under `prefix`, fenced by `election`'s leadership, each carrying its
-    /// writer's token in its value (read by `token`).
+    /// writer's token in its value (read by `token`; `None`: the value carries none, which
+    /// is a violation).
     pub fn new(
         election: impl Into<String>,
         prefix: impl Into<Vec<u8>>,
-        token: fn(&[u8]) -> Option<i64>,
+        token: impl Fn(&[u8]) -> Option<Revision> + Send + Sync + 'static,
     ) -> Self {
         let election = election.into();
         FencedWrites {
             name: format!("S1 (fence of {election})"),
             election,
             prefix: prefix.into(),
-            token,
+            token: Arc::new(token),
         }
     }
 
     fn accepted<'r>(
         &'r self,
         run: &'r Run<'_>,
-    ) -> impl Iterator<Item = (Duration, Revision, KeyValue)> + 'r {
+    ) -> impl Iterator<Item = (&'r Commit, KeyValue)> + 'r {
         run.commits().iter().flat_map(move |c| {
             c.events
                 .iter()
                 .filter(|e| {
                     e.kind == coord_api::EventKind::Put && e.kv.key.starts_with(&self.prefix)
                 })
-                .map(move |e| (c.at, c.revision, e.kv.clone()))
+                .map(move |e| (c, e.kv.clone()))
         })
     }
 }
@@ -147,8 +160,11 @@ impl Invariant for FencedWrites {
 
     fn check(&self, run: &Run<'_>, out: &mut Vec<Violation>) {
         let mut max = Revision(i64::MIN);
-        for (at, revision, kv) in self.accepted(run) {
-            let token = (self.token)(&kv.value).map(Revision);
+        for (commit, kv) in self.accepted(run) {
+            let (at, revision) = (commit.at, commit.revision);
+            // Who wrote it: the incarnation whose client sent the write.
+            let writer: Vec<Incarnation> = run.author(commit.origin).into_iter().collect();
+            let token = (self.token)(&kv.value);
             let leader = run.leader_at(&self.election, revision);
             let key = kv.key_str();
             match token {
@@ -156,10 +172,12 @@ impl Invariant for FencedWrites {
                 _ => out.push(run.violation(
                     "S1",
                     at,
-                    &[],
+                    &writer,
                     format!(
-                        "election {}: the store accepted {key} with token {token:?} at revision {revision} while the leader's token was {leader:?}",
-                        self.election
+                        "election {}: the store accepted {key} with token {} at revision {revision} while the leader's token was {}",
+                        self.election,
+                        token.map_or("none".to_owned(), |t| t.to_string()),
+                        leader.map_or("none (no candidate)".to_owned(), |t| t.to_string()),
                     ),
                 )),
             }
@@ -168,7 +186,7 @@ impl Invariant for FencedWrites {
                     out.push(run.violation(
                         "S1",
                         at,
-                        &[],
+                        &writer,
                         format!(
                             "election {}: accepted {key} with token {t} after token {max}",
                             self.election

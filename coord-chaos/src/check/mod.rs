@@ -34,6 +34,9 @@ pub(crate) use truth::Truth;
 use crate::history::{History, Incarnation};
 use crate::scenario::Scenario;
 
+/// Reads a fenced write's token from its value (the fenced checkers' one shape for it).
+pub(crate) type TokenReader = std::sync::Arc<dyn Fn(&[u8]) -> Option<Revision> + Send + Sync>;
+
 /// A broken invariant: which, when, who, and the events that show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Violation {
@@ -45,6 +48,10 @@ pub struct Violation {
     pub nodes: Vec<String>,
     /// What happened.
     pub detail: String,
+    /// The faults in force when it was broken, or over less than a TTL before (what they
+    /// did may last that long), each as the schedule shows it (`12.345s partition n2 for
+    /// 3.000s`).
+    pub faults: Vec<String>,
 }
 
 impl fmt::Display for Violation {
@@ -56,7 +63,12 @@ impl fmt::Display for Violation {
             self.at.as_secs_f64(),
             self.nodes.join(", "),
             self.detail
-        )
+        )?;
+        if self.faults.is_empty() {
+            f.write_str(" (no fault in force)")
+        } else {
+            write!(f, " (faults in force: {})", self.faults.join("; "))
+        }
     }
 }
 
@@ -240,11 +252,20 @@ impl<'a> Run<'a> {
         nodes: &[Incarnation],
         detail: String,
     ) -> Violation {
+        let recent = self.scenario.ttl;
+        let faults = self
+            .beliefs
+            .faults
+            .iter()
+            .filter(|f| f.from <= at && at <= f.until + recent)
+            .map(|f| f.fault.to_string())
+            .collect();
         Violation {
             invariant: invariant.to_owned(),
             at,
             nodes: nodes.iter().map(|n| n.to_string()).collect(),
             detail,
+            faults,
         }
     }
 }

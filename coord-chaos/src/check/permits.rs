@@ -3,30 +3,43 @@
 //! P2 (the store accepts fenced writes only from seated permits: at most N at any revision),
 //! P3 (no phantom permit).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use coord_api::{EventKind, Revision};
 
 use super::elections::{belief_ends_with_its_key, excused_overlap, Held};
-use super::{Invariant, Run, Violation};
+use super::{Invariant, Run, TokenReader, Violation};
 
 /// A semaphore's invariants: P1, P2 over the writes under a prefix, P3.
 ///
 /// ```
+/// use coord_api::Revision;
 /// use coord_chaos::Permits;
 /// // Three workers at a time; each writes "<token>:<item>" under "reindex/".
 /// let permits = Permits::new("semaphores/reindex", 3, "reindex/", |value| {
-///     std::str::from_utf8(value).ok()?.split(':').next()?.parse().ok()
+///     let token = std::str::from_utf8(value).ok()?.split(':').next()?;
+///     token.parse().ok().map(Revision)
 /// });
 /// # let _ = permits;
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Permits {
     name: String,
     semaphore: String,
     permits: usize,
     prefix: Vec<u8>,
-    token: fn(&[u8]) -> Option<i64>,
+    token: TokenReader,
+}
+
+impl std::fmt::Debug for Permits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Permits")
+            .field("semaphore", &self.semaphore)
+            .field("permits", &self.permits)
+            .field("prefix", &String::from_utf8_lossy(&self.prefix))
+            .finish_non_exhaustive()
+    }
 }
 
 impl Permits {
@@ -37,7 +50,7 @@ impl Permits {
         semaphore: impl Into<String>,
         permits: usize,
         prefix: impl Into<Vec<u8>>,
-        token: fn(&[u8]) -> Option<i64>,
+        token: impl Fn(&[u8]) -> Option<Revision> + Send + Sync + 'static,
     ) -> Self {
         let semaphore = semaphore.into();
         Permits {
@@ -45,7 +58,7 @@ impl Permits {
             semaphore,
             permits,
             prefix: prefix.into(),
-            token,
+            token: Arc::new(token),
         }
     }
 
@@ -104,7 +117,7 @@ impl Permits {
                 if e.kind != EventKind::Put || !e.kv.key.starts_with(&self.prefix) {
                     continue;
                 }
-                let token = (self.token)(&e.kv.value).map(Revision);
+                let token = (self.token)(&e.kv.value);
                 let seated = run
                     .truth
                     .seated_at(&self.semaphore, c.revision, self.permits);

@@ -1,8 +1,9 @@
 //! The ticker under coord-chaos, from a user's crate: its own invariants besides the generic
 //! ones, and its bug (ticks written without the fence) caught.
 
+use coord_api::Revision;
 use coord_chaos::{FencedWrites, Invariant, Node, Run, Runner, Scenario, Service, Violation};
-use coord_downstream::{parse_tick, Ticker, ELECTION, TICKS};
+use coord_downstream::{parse_tick, Ticker, ELECTION, HOSTS, TICKS};
 use futures::future::BoxFuture;
 
 struct TickerService {
@@ -12,6 +13,12 @@ struct TickerService {
 impl Service for TickerService {
     fn name(&self) -> &str {
         "ticker"
+    }
+
+    fn operator_prefixes(&self) -> Vec<String> {
+        // The hosts' registrations and the candidates' keys: an operator may revoke or
+        // delete either.
+        vec![HOSTS.to_owned(), format!("{ELECTION}/")]
     }
 
     fn run(&self, node: Node) -> BoxFuture<'static, ()> {
@@ -41,7 +48,7 @@ impl Service for TickerService {
     fn invariants(&self, _: &Scenario) -> Vec<Box<dyn Invariant>> {
         vec![
             Box::new(FencedWrites::new(ELECTION, TICKS, |v| {
-                parse_tick(v).map(|t| t.0)
+                parse_tick(v).map(|t| Revision(t.0))
             })),
             Box::new(Consecutive),
         ]
@@ -98,9 +105,10 @@ fn ticks_written_without_the_fence_are_caught() {
         .failed()
         .flat_map(|o| o.violations.iter())
         .find(|v| v.invariant == "S1");
-    assert!(
-        caught.is_some(),
-        "the unfenced ticker went uncaught:\n{}",
-        report.summary()
-    );
+    let Some(caught) = caught else {
+        panic!("the unfenced ticker went uncaught:\n{}", report.summary());
+    };
+    // The violation names its culprit: the node whose client wrote the tick.
+    assert_eq!(caught.nodes.len(), 1, "{caught}");
+    assert!(caught.nodes[0].starts_with('n'), "{caught}");
 }
