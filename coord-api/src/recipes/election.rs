@@ -113,7 +113,15 @@ impl Election {
         let (won, _turn) = tokio::select! {
             biased;
             end = self.session.done() => return Err(self.ended(end)),
-            r = elections::campaign_with(&*self.store, &self.name, value, lease, cleanup, self.seats, Some(turn)) => r?,
+            r = elections::campaign_with(&*self.store, &self.name, value, lease, cleanup, self.seats, Some(turn)) => match r {
+                Ok(won) => won,
+                Err(e) => {
+                    // A write that may have applied was handed to the cleanup, which gives
+                    // the key back itself; this is for the one that surely did not.
+                    self.session.give_back(&self.name, campaign);
+                    return Err(e);
+                }
+            },
         };
         self.runway(&won, campaign).await?;
         crate::sync::explore::point().await;
@@ -221,6 +229,8 @@ impl Election {
                         },
                         campaign,
                     );
+                } else {
+                    self.session.give_back(&self.name, campaign);
                 }
                 return Err(e);
             }
@@ -253,7 +263,11 @@ impl Election {
                     }
                     won
                 }
-                _ => return Ok(None),
+                _ => {
+                    // Another leads: nothing written.
+                    self.session.give_back(&self.name, campaign);
+                    return Ok(None);
+                }
             }
         };
         self.runway(&won, campaign).await?;

@@ -455,6 +455,17 @@ impl SessionHandle {
         standing.push((campaign, Arc::downgrade(lost)));
     }
 
+    /// A campaign in election `name` that ended without a leadership and left nothing to
+    /// withdraw (its write surely not applied, or it found another leader first): the key is
+    /// left to an earlier leadership of the session that still stands, whose resign then
+    /// deletes it, as a withdrawal would have left it (see [`CampaignSlot::may_delete`]).
+    /// Without this, that resign would take the ended campaign for the key's owner and leave
+    /// the key standing.
+    pub(crate) fn give_back(&self, name: &str, campaign: u64) {
+        // For its effect alone: nothing is deleted here.
+        let _ = self.slot(name).may_delete(campaign);
+    }
+
     /// Whether the key of `campaign` in election `name` may be deleted now, by a caller that
     /// holds the session's turn there (see [`CampaignSlot::may_delete`]).
     pub(crate) fn may_delete(&self, name: &str, campaign: u64) -> bool {

@@ -99,6 +99,7 @@ macro_rules! recipe_tests {
             release::an_unlock_that_returned_ok_left_no_key,
             release::a_release_that_returned_ok_left_no_key,
             release::a_resign_that_returned_ok_left_no_key,
+            release::a_resign_after_a_failed_newer_campaign_left_no_key,
             release::a_candidate_stop_that_returned_ok_left_no_key,
             in_flight::a_leave_outlasts_a_held_campaign_write,
             in_flight::a_semaphore_leave_outlasts_a_held_acquire,

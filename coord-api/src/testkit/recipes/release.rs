@@ -53,6 +53,35 @@ pub async fn a_resign_that_returned_ok_left_no_key(fx: &dyn Fixture) {
     );
 }
 
+/// A resignation that returned `Ok` left no key, after a newer campaign of the same session
+/// failed without writing (refused for its size): the key is the standing leadership's
+/// again, not the failed campaign's, and the resignation deletes it.
+pub async fn a_resign_after_a_failed_newer_campaign_left_no_key(fx: &dyn Fixture) {
+    let store = fx.store();
+    let client = fx.client().await;
+    let a = session(fx, &client.store).await;
+    let key = crate::candidate_key("jobs", a.lease());
+    let election = Election::new(&a, "jobs");
+    let leadership = election.campaign("a").await.unwrap();
+    let too_big = vec![b'x'; client.store.limits().max_request_bytes + 1];
+    let tried = election.try_campaign(too_big.clone()).await;
+    assert!(
+        matches!(tried, Err(crate::Error::InvalidArgument { .. })),
+        "an oversized try_campaign is refused: {tried:?}"
+    );
+    let campaigned = election.campaign(too_big).await;
+    assert!(
+        matches!(campaigned, Err(crate::Error::InvalidArgument { .. })),
+        "an oversized campaign is refused: {campaigned:?}"
+    );
+    assert!(present(&store, &key).await, "the leader's key stands");
+    leadership.resign().await.unwrap();
+    assert!(
+        !present(&store, &key).await,
+        "the key stands after resign returned Ok: left to the failed campaigns"
+    );
+}
+
 /// A leading candidate's stop that returned `Ok` left no key of the election.
 pub async fn a_candidate_stop_that_returned_ok_left_no_key(fx: &dyn Fixture) {
     let store = fx.store();
