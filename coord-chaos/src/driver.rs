@@ -21,6 +21,17 @@ pub(crate) trait World {
     fn partition_oneway(&mut self, node: usize, on: bool);
     /// Holds the node's messages, or releases them.
     fn hold(&mut self, node: usize, on: bool);
+    /// Whether the world sees each node's writes as they are sent, for
+    /// [`hold_first_writer`](Self::hold_first_writer).
+    fn sees_writes(&self) -> bool {
+        false
+    }
+    /// Starts (or ends) a hold that waits for the first node to send a write and holds that
+    /// node's messages from then on, that write first; the world records the fault, on the
+    /// node it hit, as it acts (never, if no node wrote before it ended).
+    fn hold_first_writer(&mut self, fault: &Fault, on: bool) {
+        let _ = (fault, on);
+    }
     /// Stalls the node's actions (a GC pause), or lets them go.
     fn pause(&mut self, node: usize, on: bool);
     /// Adds latency to the node's requests.
@@ -126,6 +137,8 @@ pub(crate) struct Driver {
     /// The lasting faults that acted and have not ended: only they are undone and recorded
     /// as ended.
     acting: BTreeSet<Fault>,
+    /// The holds waiting for (or holding) the first node to write: the world records them.
+    aimed: BTreeSet<Fault>,
 }
 
 impl Driver {
@@ -171,7 +184,14 @@ impl Driver {
     /// (a member fault drawn while another is in force, a transfer with no leader to move) is
     /// neither recorded, so no checker takes it for an excuse, nor counted.
     pub(crate) fn apply(&mut self, world: &mut impl World, action: &Action) {
-        let f = &action.fault;
+        // A world that cannot see writes holds at once: recorded as the plain hold it is.
+        let plain;
+        let f = if action.fault.waits_for_a_write() && !world.sees_writes() {
+            plain = action.fault.without_aim();
+            &plain
+        } else {
+            &action.fault
+        };
         if action.start {
             if !self.can_act(world, f) {
                 return;
@@ -181,6 +201,12 @@ impl Driver {
                 if world.transfer_leader(f.node % world.members()) {
                     world.record(Happening::FaultStart(f.clone()));
                 }
+                return;
+            }
+            if f.waits_for_a_write() {
+                // Recorded by the world as a write starts it, on the node that wrote.
+                world.hold_first_writer(f, true);
+                self.aimed.insert(f.clone());
                 return;
             }
             if matches!(f.kind, FaultKind::Revoke | FaultKind::Delete) {
@@ -194,6 +220,8 @@ impl Driver {
             if f.kind.lasts() {
                 self.acting.insert(f.clone());
             }
+        } else if self.aimed.remove(f) {
+            world.hold_first_writer(f, false);
         } else if self.acting.remove(f) {
             self.end(world, f);
             world.record(Happening::FaultEnd(f.clone()));

@@ -13,7 +13,9 @@ pub enum FaultKind {
     Partition,
     /// A one-way partition: requests arrive, replies are lost (F4, F7).
     OneWay,
-    /// A node's messages held, then released (F5).
+    /// A node's messages held, then released (F5). One in two waits for the first node to
+    /// send a write and holds that node from the write on, until its leases have ended at the
+    /// store ([`Fault::waits_for_a_write`]).
     Hold,
     /// A node's calls slowed on their way to the store (F6).
     Latency,
@@ -224,6 +226,9 @@ pub struct Fault {
     pub pick: u64,
 }
 
+/// The bit of a hold's `pick` that makes it wait for a write.
+const AIM_BIT: u32 = 41;
+
 impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:.3}s {}", self.at.as_secs_f64(), self.what())
@@ -248,6 +253,11 @@ impl Fault {
             write!(f, " {target}")?;
         }
         match self.kind {
+            _ if self.waits_for_a_write() => write!(
+                f,
+                " from a write within {:.3}s, until its leases end",
+                self.length.as_secs_f64()
+            ),
             k if k.lasts() => write!(f, " for {:.3}s", self.length.as_secs_f64()),
             FaultKind::LostReplies => write!(f, " x{}", self.length.as_millis()),
             _ => Ok(()),
@@ -296,6 +306,26 @@ impl Fault {
     /// before a `leave()`, a stop or a resignation lands after it.
     pub fn overtakes(&self) -> bool {
         self.kind == FaultKind::Latency && (self.pick >> 40) & 1 == 1
+    }
+
+    /// For a hold, whether it waits for the first node to send a write, and holds that node
+    /// from that write on (one in two): the write lands when the hold ends, after whatever
+    /// the store did meanwhile, so a leader whose write is unfenced is caught writing after
+    /// its successor was elected. The node drawn for it is then not the one it hits (it is
+    /// recorded with the node it hit). Over turmoil, where the runner cannot see a node's
+    /// writes, it is a plain hold of the node drawn.
+    pub fn waits_for_a_write(&self) -> bool {
+        self.kind == FaultKind::Hold && (self.pick >> AIM_BIT) & 1 == 1
+    }
+
+    /// The same fault as a plain hold of the node drawn, for [`waits_for_a_write`].
+    ///
+    /// [`waits_for_a_write`]: Self::waits_for_a_write
+    pub(crate) fn without_aim(&self) -> Fault {
+        Fault {
+            pick: self.pick & !(1 << AIM_BIT),
+            ..self.clone()
+        }
     }
 
     /// For a compaction storm, how often it compacts: 100 ms to 1 s.

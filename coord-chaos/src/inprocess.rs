@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use crate::driver::{actions, Driver, World};
 use crate::fault::{Fault, FaultKind};
+use crate::first_writer::{Aim, Leases, SetHeld};
 use crate::history::{Happening, History, Incarnation};
 use crate::recorder::Recorder;
 use crate::scenario::Scenario;
@@ -90,6 +91,12 @@ struct InProcess {
     slots: Arc<Mutex<Vec<Slot>>>,
     /// Compaction storms under way; dropping one stops it.
     storms: Arc<Mutex<BTreeMap<Fault, CompactionTask>>>,
+    /// The holds waiting for the first node to write.
+    aims: Arc<Mutex<BTreeMap<Fault, Aim>>>,
+    /// The leases each client holds, for the holds aimed at a write.
+    leases: Leases,
+    /// When the run started.
+    start: Instant,
 }
 
 /// Runs coord's own service ([`CoordService`](crate::CoordService)); see
@@ -147,6 +154,10 @@ pub fn simulate_service(
 impl InProcess {
     fn slots(&self) -> MutexGuard<'_, Vec<Slot>> {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn aims(&self) -> MutexGuard<'_, BTreeMap<Fault, Aim>> {
+        self.aims.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Starts incarnation `inc` of `node`; returns its slot (not yet installed).
@@ -252,6 +263,36 @@ impl World for InProcess {
 
     fn hold(&mut self, node: usize, on: bool) {
         self.link(node, |f| f.held = on);
+    }
+
+    fn sees_writes(&self) -> bool {
+        true
+    }
+
+    fn hold_first_writer(&mut self, fault: &Fault, on: bool) {
+        if !on {
+            if let Some(aim) = self.aims().remove(fault) {
+                aim.end();
+            }
+            return;
+        }
+        let clients = self
+            .slots()
+            .iter()
+            .map(|s| (!s.crashed).then(|| s.client.clone()))
+            .collect();
+        let slots = Arc::downgrade(&self.slots);
+        let set_held: SetHeld = Arc::new(move |n, on| {
+            if let Some(slots) = slots.upgrade() {
+                let mut slots = slots.lock().unwrap_or_else(|p| p.into_inner());
+                slots[n].faults.held = on;
+                slots[n].apply_link();
+            }
+        });
+        // Released at the heal at the latest, as every scheduled fault is.
+        let latest = self.start + self.scenario.heal_at();
+        let aim = Aim::arm(fault, clients, &self.leases, &self.rec, set_held, latest);
+        self.aims().insert(fault.clone(), aim);
     }
 
     fn pause(&mut self, node: usize, on: bool) {
@@ -462,7 +503,12 @@ async fn drive(
             .with_request_timeout(scenario.request_timeout),
     );
     let sink = rec.clone();
-    store.on_journal(move |at, entry| sink.record_at(at, Happening::Store(entry)));
+    let leases = Leases::default();
+    let noted = leases.clone();
+    store.on_journal(move |at, entry| {
+        noted.note(&entry);
+        sink.record_at(at, Happening::Store(entry));
+    });
     let mut world = InProcess {
         store,
         service,
@@ -471,6 +517,9 @@ async fn drive(
         seed,
         slots: Arc::default(),
         storms: Arc::default(),
+        aims: Arc::default(),
+        leases,
+        start,
     };
     for n in 0..scenario.hosts {
         let slot = world.start(n, 0, Arc::new(watch::Sender::new(false)));

@@ -100,6 +100,7 @@ mod coord_node;
 mod driver;
 mod fault;
 mod fenced_act;
+mod first_writer;
 mod history;
 mod host_key_writes;
 mod inprocess;

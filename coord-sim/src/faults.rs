@@ -161,11 +161,67 @@ impl SimStore {
     /// watch deliveries), until [`release`](Self::release); then they all go through, nothing
     /// lost (turmoil's hold).
     pub fn hold(&self) {
+        self.link.on_next_write(None);
         self.link.update(|s| s.held = true);
     }
 
-    /// Releases [`hold`](Self::hold).
+    /// Fault: [`hold`](Self::hold) from the moment this client next sends a write (a put, a
+    /// delete, a transaction), that write held first: a process that stalls, or a link
+    /// that stalls, right as a write leaves, so that the write lands only when
+    /// [`release`](Self::release)d, after whatever the store did meanwhile (a lease expired,
+    /// another leader elected). Calls, renewals and deliveries before that write pass.
+    /// Nothing changes if the link is held already.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> coord_api::Result<()> {
+    /// use std::time::Duration;
+    /// use coord_api::{KvLeaseStore, KvLeaseStoreExt, PutRequest};
+    /// use coord_sim::SimStore;
+    ///
+    /// let store = SimStore::new();
+    /// let client = store.connect();
+    /// client.hold_from_next_write();
+    /// client.get_key("k").await?; // a read passes
+    /// let late = tokio::spawn({
+    ///     let client = client.clone();
+    ///     async move { client.put(PutRequest::new("k", "late")).await }
+    /// });
+    /// tokio::time::sleep(Duration::from_secs(1)).await;
+    /// store.put(PutRequest::new("k", "meanwhile")).await?;
+    /// client.release();
+    /// late.await.unwrap()?;
+    /// assert_eq!(store.get_key("k").await?.unwrap().value_str(), "late");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn hold_from_next_write(&self) {
+        if self.link.state().held {
+            return;
+        }
+        let held = self.clone();
+        self.on_next_write(move || held.link.update(|s| s.held = true));
+    }
+
+    /// Runs `then` as this client (or a clone) next sends a write, before the write leaves:
+    /// a fault set there (a [`hold`](Self::hold), a [`partition`](Self::partition)) catches
+    /// the write itself. Once only; a later call replaces it, and [`hold`](Self::hold) and
+    /// [`release`](Self::release) call it off, as does
+    /// [`call_off_next_write`](Self::call_off_next_write). `then` runs inside the write's
+    /// call: it may set faults, and must not wait.
+    pub fn on_next_write(&self, then: impl FnOnce() + Send + 'static) {
+        self.link.on_next_write(Some(Box::new(then)));
+    }
+
+    /// Calls off what [`on_next_write`](Self::on_next_write) set, if it has not run.
+    pub fn call_off_next_write(&self) {
+        self.link.on_next_write(None);
+    }
+
+    /// Releases [`hold`](Self::hold) (or calls off
+    /// [`hold_from_next_write`](Self::hold_from_next_write)).
     pub fn release(&self) {
+        self.link.on_next_write(None);
         self.link.update(|s| s.held = false);
     }
 

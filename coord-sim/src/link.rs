@@ -3,7 +3,7 @@
 //! back. Each leg takes its latency and can stall (held) or vanish (partitioned both ways;
 //! one way, only replies vanish), as turmoil's links do.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -81,7 +81,15 @@ pub(crate) struct Link {
     held_through: AtomicU64,
     /// The calls stopped by `held_through` as they arrived, in arrival order.
     parked: Mutex<Vec<Landing>>,
+    /// Whether `next_write` holds a callback: read on every write, locked only when set.
+    armed: AtomicBool,
+    /// Called as the client's next write is sent, before it leaves; see
+    /// [`SimStore::on_next_write`](crate::SimStore::on_next_write).
+    next_write: Mutex<Option<NextWrite>>,
 }
+
+/// What runs as a client's next write is sent.
+pub(crate) type NextWrite = Box<dyn FnOnce() + Send>;
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
@@ -108,6 +116,30 @@ impl Link {
             sent: AtomicU64::new(0),
             held_through: AtomicU64::new(0),
             parked: Mutex::new(Vec::new()),
+            armed: AtomicBool::new(false),
+            next_write: Mutex::new(None),
+        }
+    }
+
+    /// Sets (or, with `None`, calls off) what runs as the next write is sent.
+    pub(crate) fn on_next_write(&self, then: Option<NextWrite>) {
+        let mut next = self.next_write.lock().unwrap_or_else(|p| p.into_inner());
+        self.armed.store(then.is_some(), Ordering::SeqCst);
+        *next = then;
+    }
+
+    /// A write is being sent (it has not left yet): runs what waited for it.
+    pub(crate) fn write_sent(&self) {
+        if !self.armed.load(Ordering::Relaxed) {
+            return;
+        }
+        let then = {
+            let mut next = self.next_write.lock().unwrap_or_else(|p| p.into_inner());
+            self.armed.store(false, Ordering::SeqCst);
+            next.take()
+        };
+        if let Some(then) = then {
+            then();
         }
     }
 

@@ -354,6 +354,9 @@ impl SimStore {
     ) -> Result<T> {
         let sent = coord_api::sync::clock::now();
         let seq = self.link.send();
+        if kind == Call::Write {
+            self.link.write_sent();
+        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         let this = self.clone();
         // Lands the call, unless a hold on calls already sent keeps it on its way.
