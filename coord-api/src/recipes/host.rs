@@ -12,7 +12,7 @@
 //! until it lands. Until then the lease is still the host's: a stop (the host's, or a shared
 //! pool's) ends the keys under it before it returns `Ok`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -21,6 +21,7 @@ use tracing::Instrument;
 use super::session::{release_lease_then, Session, SessionConfig, SessionEnd, SessionHandle};
 use crate::error::{Error, Result};
 use crate::store::DynKvLeaseStore;
+use crate::sync::Stop;
 use crate::types::LeaseId;
 
 /// How many sessions a [`HostSession`] has granted, and how many it found dead and replaced.
@@ -73,6 +74,8 @@ struct Inner {
     releasing: Arc<Mutex<BTreeSet<LeaseId>>>,
     /// The registrations started on this session.
     attached: Mutex<BTreeSet<u64>>,
+    /// Per registered key: whose turn it is to write or remove it.
+    keys: Mutex<BTreeMap<String, Arc<KeyTurn>>>,
     next_id: AtomicU64,
     stopped: AtomicBool,
     granted: AtomicU64,
@@ -84,6 +87,36 @@ struct Abandoned {
     lease: LeaseId,
     /// Registrations whose key may still be under it.
     waiting: BTreeSet<u64>,
+}
+
+/// One registration key's turn among the registrations of a host session: a stopped
+/// registration's removal, retried in the background after its stop returned an error, must
+/// not land after a registration started since has written the key (same key, same lease: no
+/// compare tells the two apart), so each write and each removal attempt takes the turn, and
+/// a registration's write calls off a removal still pending.
+#[derive(Debug, Default)]
+pub(crate) struct KeyTurn {
+    pub(crate) turn: Arc<tokio::sync::Mutex<()>>,
+    removal: Mutex<Option<Stop>>,
+}
+
+impl KeyTurn {
+    /// A removal retried in the background: the signal that calls it off (an older one is
+    /// called off now).
+    pub(crate) fn removal(&self) -> Stop {
+        let stop = Stop::new();
+        if let Some(old) = lock(&self.removal).replace(stop.clone()) {
+            old.stop();
+        }
+        stop
+    }
+
+    /// A registration writes the key: a removal still pending is called off.
+    pub(crate) fn call_off_removal(&self) {
+        if let Some(old) = lock(&self.removal).take() {
+            old.stop();
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -104,6 +137,7 @@ impl HostSession {
                 abandoned: Mutex::new(Vec::new()),
                 releasing: Arc::default(),
                 attached: Mutex::new(BTreeSet::new()),
+                keys: Mutex::default(),
                 next_id: AtomicU64::new(0),
                 stopped: AtomicBool::new(false),
                 granted: AtomicU64::new(0),
@@ -208,6 +242,14 @@ impl HostSession {
                 waiting,
             });
         }
+    }
+
+    /// The turn on registration key `key` of the registrations started on this session.
+    pub(crate) fn key_turn(&self, key: &str) -> Arc<KeyTurn> {
+        lock(&self.inner.keys)
+            .entry(key.to_owned())
+            .or_default()
+            .clone()
     }
 
     /// A registration starts on this session; its id.

@@ -205,6 +205,11 @@ impl Shared {
     /// name went to a newer incarnation.
     async fn put(&self, lease: LeaseId, stop: Option<&Stop>) -> Result<(Revision, Revision)> {
         let in_flight = self.heal_writes.clone().read_owned().await;
+        // In the key's turn: a stopped registration's removal still pending is called off,
+        // and one on its way lands before this write, not after it.
+        let key_turn = self.host.key_turn(&self.config.key);
+        key_turn.call_off_removal();
+        let _turn = key_turn.turn.clone().lock_owned().await;
         let metadata = if crate::planted::enabled(crate::planted::Bug::HealWritesFirstMetadata) {
             self.config.metadata.clone()
         } else {
@@ -321,20 +326,43 @@ impl Shared {
     /// the same path is left alone). Retried in the background when the store cannot be
     /// reached; the error is returned.
     async fn remove_key(self: &Arc<Self>) -> Result<()> {
-        match delete_if_under(self.store(), &self.config.key, &self.host.leases()).await {
+        let key_turn = self.host.key_turn(&self.config.key);
+        let first = {
+            let _turn = key_turn.turn.clone().lock_owned().await;
+            delete_if_under(self.store(), &self.config.key, &self.host.leases()).await
+        };
+        match first {
             Ok(()) => Ok(()),
             Err(e) => {
+                // Retried until it lands, unless a registration of the key started on this
+                // host session writes it first (its write calls the retries off).
+                let called_off = key_turn.removal();
                 let shared = self.clone();
                 tokio::spawn(
                     async move {
                         let key = shared.config.key.as_bytes();
                         let mut backoff = retry::store_backoff(retry::seed(&[key]));
                         let leases = shared.host.leases();
-                        while delete_if_under(shared.store(), &shared.config.key, &leases)
-                            .await
-                            .is_err()
-                        {
-                            backoff.wait().await;
+                        loop {
+                            let turn = tokio::select! {
+                                biased;
+                                _ = called_off.stopped() => return,
+                                turn = key_turn.turn.clone().lock_owned() => turn,
+                            };
+                            if called_off.is_stopped() {
+                                return;
+                            }
+                            let removed =
+                                delete_if_under(shared.store(), &shared.config.key, &leases).await;
+                            drop(turn);
+                            if removed.is_ok() {
+                                return;
+                            }
+                            tokio::select! {
+                                biased;
+                                _ = called_off.stopped() => return,
+                                () = backoff.wait() => {}
+                            }
                         }
                     }
                     .in_current_span(),

@@ -6,7 +6,7 @@ use crate::recipes::{
     ElectionPool, HostRegistration, HostSession, RegistrationStatus, SessionConfig,
 };
 use crate::testkit::{eventually, within};
-use crate::{Error, KvLeaseStore, KvLeaseStoreExt};
+use crate::{Error, KvLeaseStore, KvLeaseStoreExt, WatchRequest};
 
 use super::fixture::Fixture;
 use super::support::*;
@@ -164,5 +164,60 @@ pub async fn a_registration_started_over_its_own_key_writes_its_metadata(fx: &dy
     );
     again.stop().await.unwrap();
     assert!(!present(&store, "hosts/a").await);
+    host.stop().await.unwrap();
+}
+
+/// A registration stopped while cut off cannot remove its key and says so; its removal is
+/// retried in the background. A registration of the same key started on the same host
+/// session once the store answers again writes the key under the same lease: no retry of the
+/// old removal may take it away (each writes in the key's turn, and the new write calls the
+/// retries off).
+pub async fn a_failed_stops_retried_removal_spares_the_next_registration(fx: &dyn Fixture) {
+    use futures::StreamExt;
+    let store = fx.store();
+    let client = fx.client().await;
+    let host = HostSession::new(
+        client.store.clone(),
+        SessionConfig::default().with_ttl(fx.ttl()),
+    );
+    let registered = |r: &HostRegistration| {
+        let mut status = r.subscribe();
+        async move {
+            within(
+                prompt(fx) + fx.request_timeout(),
+                "registered",
+                status.wait_for(|s| matches!(s, RegistrationStatus::Registered { .. })),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    let first = HostRegistration::spawn_on(&host, reg(fx, "hosts/a", "first")).unwrap();
+    registered(&first).await;
+    client.cut_off(true);
+    assert!(
+        first.stop().await.is_err(),
+        "a stop that could not reach the store says so"
+    );
+    // The first retry goes out while still cut off, and is lost: the next comes a request
+    // timeout later, after the next registration has written the key.
+    tokio::time::sleep(prompt(fx) / 10).await;
+    client.cut_off(false);
+    let second = HostRegistration::spawn_on(&host, reg(fx, "hosts/a", "second")).unwrap();
+    registered(&second).await;
+    let written = store.get_key("hosts/a").await.unwrap().expect("registered");
+    // The old removal's lost attempt fails at its request timeout, and the next goes out
+    // within a second of that: past both, nothing may have changed the key.
+    let mut w = store
+        .watch(WatchRequest::key("hosts/a").with_start_revision(written.mod_revision.next()))
+        .await
+        .unwrap();
+    let window = fx.request_timeout() + Duration::from_secs(2) + fx.slack();
+    let quiet = tokio::time::timeout(window, w.next()).await;
+    assert!(
+        quiet.is_err(),
+        "the key of the registration started since changed: {quiet:?}"
+    );
+    second.stop().await.unwrap();
     host.stop().await.unwrap();
 }

@@ -86,6 +86,7 @@ macro_rules! recipe_tests {
             host::a_registration_spawned_while_cut_off_registers_when_the_store_answers,
             host::a_registration_with_revoke_on_drop_removes_its_key_when_dropped,
             host::a_registration_started_over_its_own_key_writes_its_metadata,
+            host::a_failed_stops_retried_removal_spares_the_next_registration,
             candidate::a_candidate_hands_over_only_once_its_work_stopped,
             candidate::a_cut_off_candidate_stops_its_work_before_anyone_else_leads,
             candidate::a_candidate_stopped_while_cut_off_reports_its_key_left,
