@@ -209,7 +209,18 @@ impl Shared {
         // and one on its way lands before this write, not after it.
         let key_turn = self.host.key_turn(&self.config.key);
         key_turn.call_off_removal();
-        let _turn = key_turn.turn.clone().lock_owned().await;
+        let turn = key_turn.turn.clone().lock_owned();
+        // A stop asked while the turn is waited for sends nothing after it.
+        let _turn = match stop {
+            Some(stop) => tokio::select! {
+                biased;
+                _ = stop.stopped() => return Err(Error::Cancelled {
+                    operation: "registration (stopped while its key's turn was waited for)",
+                }),
+                turn = turn => turn,
+            },
+            None => turn.await,
+        };
         let metadata = if crate::planted::enabled(crate::planted::Bug::HealWritesFirstMetadata) {
             self.config.metadata.clone()
         } else {
