@@ -52,9 +52,12 @@
 //!
 //! All time comes from `tokio::time`, lease ids from [`SimConfig::seed`], and every collection
 //! the store iterates is ordered, so the same operations give the same results and the same
-//! ids, run after run. Tokio's own random choices (the wake order of a watch channel's
-//! waiters) are seeded only in builds with `--cfg tokio_unstable`, which this repository's
-//! `.cargo/config.toml` sets; the chaos runs seed them from the run's seed.
+//! ids, run after run. The store and coord's recipes leave nothing to tokio's own random
+//! choices (their channels are `coord_api::sync`'s, which wake waiters in order), so an
+//! in-process simulation replays from its seed in any build, a user's included (the
+//! downstream example's determinism test holds it to that without `--cfg tokio_unstable`).
+//! Only the gRPC service over turmoil (feature `grpc`) runs tonic's server, whose unbiased
+//! selects a build seeds only with `--cfg tokio_unstable`.
 //!
 //! # Layout
 //!
