@@ -137,8 +137,6 @@ pub(crate) struct Driver {
     /// The lasting faults that acted and have not ended: only they are undone and recorded
     /// as ended.
     acting: BTreeSet<Fault>,
-    /// The holds waiting for (or holding) the first node to write: the world records them.
-    aimed: BTreeSet<Fault>,
 }
 
 impl Driver {
@@ -206,7 +204,6 @@ impl Driver {
             if f.waits_for_a_write() {
                 // Recorded by the world as a write starts it, on the node that wrote.
                 world.hold_first_writer(f, true);
-                self.aimed.insert(f.clone());
                 return;
             }
             if matches!(f.kind, FaultKind::Revoke | FaultKind::Delete) {
@@ -220,7 +217,8 @@ impl Driver {
             if f.kind.lasts() {
                 self.acting.insert(f.clone());
             }
-        } else if self.aimed.remove(f) {
+        } else if f.waits_for_a_write() {
+            // The world knows whether it armed it, and what it hit.
             world.hold_first_writer(f, false);
         } else if self.acting.remove(f) {
             self.end(world, f);

@@ -5,7 +5,7 @@
 //! TTL in the middle of a write, the moment a write without the fence does its damage.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
 use coord_api::sync::watch;
 use coord_api::LeaseId;
@@ -96,8 +96,6 @@ pub(crate) type SetHeld = Arc<dyn Fn(usize, bool) + Send + Sync>;
 /// One hold waiting for the first writer among `clients` (the nodes' live clients).
 pub(crate) struct Aim {
     clients: Vec<SimStore>,
-    /// Set once a node's write started it.
-    hit: Arc<Mutex<Option<Fault>>>,
 }
 
 impl Aim {
@@ -113,15 +111,14 @@ impl Aim {
         set_held: SetHeld,
         latest: tokio::time::Instant,
     ) -> Aim {
-        let hit = Arc::new(Mutex::new(None));
-        let weak: Weak<Mutex<Option<Fault>>> = Arc::downgrade(&hit);
+        // Set by the first node to write: the others' callbacks then do nothing.
+        let hit: Arc<Mutex<Option<Fault>>> = Arc::default();
         for (n, client) in clients.iter().enumerate() {
             let Some(client) = client else { continue };
             let (fault, leases, rec, set_held) =
                 (fault.clone(), leases.clone(), rec.clone(), set_held.clone());
-            let (weak, id) = (weak.clone(), client.client_id());
+            let (hit, id) = (hit.clone(), client.client_id());
             client.on_next_write(move || {
-                let Some(hit) = weak.upgrade() else { return };
                 let mut hit = hit.lock().unwrap_or_else(|p| p.into_inner());
                 if hit.is_some() {
                     return;
@@ -143,7 +140,6 @@ impl Aim {
         }
         Aim {
             clients: clients.into_iter().flatten().collect(),
-            hit,
         }
     }
 
@@ -153,6 +149,5 @@ impl Aim {
         for c in &self.clients {
             c.call_off_next_write();
         }
-        drop(self.hit);
     }
 }

@@ -19,9 +19,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tracing::Instrument;
 
 use super::session::{release_lease_then, Session, SessionConfig, SessionEnd, SessionHandle};
+use super::turn::KeyTurn;
 use crate::error::{Error, Result};
 use crate::store::DynKvLeaseStore;
-use crate::sync::Stop;
 use crate::types::LeaseId;
 
 /// How many sessions a [`HostSession`] has granted, and how many it found dead and replaced.
@@ -74,7 +74,9 @@ struct Inner {
     releasing: Arc<Mutex<BTreeSet<LeaseId>>>,
     /// The registrations started on this session.
     attached: Mutex<BTreeSet<u64>>,
-    /// Per registered key: whose turn it is to write or remove it.
+    /// Per registered key: whose turn it is to write or remove it (a stopped registration's
+    /// removal, retried after its stop returned an error, must not land after a registration
+    /// started since wrote the key).
     keys: Mutex<BTreeMap<String, Arc<KeyTurn>>>,
     next_id: AtomicU64,
     stopped: AtomicBool,
@@ -87,36 +89,6 @@ struct Abandoned {
     lease: LeaseId,
     /// Registrations whose key may still be under it.
     waiting: BTreeSet<u64>,
-}
-
-/// One registration key's turn among the registrations of a host session: a stopped
-/// registration's removal, retried in the background after its stop returned an error, must
-/// not land after a registration started since has written the key (same key, same lease: no
-/// compare tells the two apart), so each write and each removal attempt takes the turn, and
-/// a registration's write calls off a removal still pending.
-#[derive(Debug, Default)]
-pub(crate) struct KeyTurn {
-    pub(crate) turn: Arc<tokio::sync::Mutex<()>>,
-    removal: Mutex<Option<Stop>>,
-}
-
-impl KeyTurn {
-    /// A removal retried in the background: the signal that calls it off (an older one is
-    /// called off now).
-    pub(crate) fn removal(&self) -> Stop {
-        let stop = Stop::new();
-        if let Some(old) = lock(&self.removal).replace(stop.clone()) {
-            old.stop();
-        }
-        stop
-    }
-
-    /// A registration writes the key: a removal still pending is called off.
-    pub(crate) fn call_off_removal(&self) {
-        if let Some(old) = lock(&self.removal).take() {
-            old.stop();
-        }
-    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -32,6 +32,7 @@ mod registration;
 mod semaphore;
 mod session;
 mod task;
+mod turn;
 #[cfg(feature = "serde")]
 #[cfg_attr(docsrs, doc(cfg(feature = "serde")))]
 pub mod typed;

@@ -208,7 +208,7 @@ impl Shared {
         // In the key's turn: a stopped registration's removal still pending is called off,
         // and one on its way lands before this write, not after it.
         let key_turn = self.host.key_turn(&self.config.key);
-        key_turn.call_off_removal();
+        key_turn.call_off_cleanup();
         let turn = key_turn.turn.clone().lock_owned();
         // A stop asked while the turn is waited for sends nothing after it.
         let _turn = match stop {
@@ -347,7 +347,7 @@ impl Shared {
             Err(e) => {
                 // Retried until it lands, unless a registration of the key started on this
                 // host session writes it first (its write calls the retries off).
-                let called_off = key_turn.removal();
+                let called_off = key_turn.pending_cleanup();
                 let shared = self.clone();
                 tokio::spawn(
                     async move {

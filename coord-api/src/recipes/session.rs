@@ -37,11 +37,11 @@ use tracing::Instrument;
 
 use super::loss::LossReason;
 use super::task::Task;
+use super::turn::KeyTurn;
 use crate::elections::{withdraw, Cleanup};
 use crate::error::{Error, ErrorClass, Result};
 use crate::retry::{self, Backoff};
 use crate::store::{DynKvLeaseStore, KeepAlive};
-use crate::sync::Stop;
 use crate::sync::{clock, watch};
 use crate::types::LeaseId;
 
@@ -212,9 +212,8 @@ type LossSignal = watch::Sender<Option<LossReason>>;
 /// A campaign given up before its turn came took nothing over.
 #[derive(Debug)]
 struct CampaignSlot {
-    turn: Arc<tokio::sync::Mutex<()>>,
-    /// The pending withdrawal; the next campaign calls it off.
-    withdrawal: Mutex<Option<Stop>>,
+    /// The key's turn, and the pending withdrawal, which the next campaign calls off.
+    key: KeyTurn,
     /// The number of the campaign the key is on behalf of: the latest to have taken its
     /// turn, or an earlier leadership the key was left to.
     latest: watch::Sender<u64>,
@@ -228,8 +227,7 @@ struct CampaignSlot {
 impl Default for CampaignSlot {
     fn default() -> Self {
         CampaignSlot {
-            turn: Arc::default(),
-            withdrawal: Mutex::default(),
+            key: KeyTurn::default(),
             latest: watch::Sender::new(0),
             numbered: AtomicU64::new(0),
             standing: Mutex::default(),
@@ -275,17 +273,6 @@ impl CampaignSlot {
                 false
             }
             None => true,
-        }
-    }
-
-    fn call_off_withdrawal(&self) {
-        if let Some(t) = self
-            .withdrawal
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            t.stop();
         }
     }
 }
@@ -436,10 +423,10 @@ impl SessionHandle {
     /// new campaign takes over (it creates the key or rejoins it), and numbers the campaign.
     pub(crate) async fn campaign_turn(&self, name: &str) -> CampaignTurn {
         let slot = self.slot(name);
-        slot.call_off_withdrawal();
-        let turn = slot.turn.clone().lock_owned().await;
+        slot.key.call_off_cleanup();
+        let turn = slot.key.turn.clone().lock_owned().await;
         // A campaign that ended while we waited may have handed a withdrawal over since.
-        slot.call_off_withdrawal();
+        slot.key.call_off_cleanup();
         let campaign = slot.numbered.fetch_add(1, Ordering::SeqCst) + 1;
         slot.latest.send_replace(campaign);
         CampaignTurn { turn, campaign }
@@ -487,7 +474,7 @@ impl SessionHandle {
         tokio::select! {
             biased;
             _ = latest.wait_for(|n| *n != campaign) => None,
-            turn = slot.turn.clone().lock_owned() => slot.may_delete(campaign).then_some(turn),
+            turn = slot.key.turn.clone().lock_owned() => slot.may_delete(campaign).then_some(turn),
         }
     }
 
@@ -502,15 +489,7 @@ impl SessionHandle {
                 // delete, nor any pending withdrawal (the newer campaign's) to call off.
                 return;
             }
-            let called_off = Stop::new();
-            if let Some(old) = slot
-                .withdrawal
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .replace(called_off.clone())
-            {
-                old.stop();
-            }
+            let called_off = slot.key.pending_cleanup();
             let Ok(rt) = tokio::runtime::Handle::try_current() else {
                 return;
             };
@@ -520,7 +499,7 @@ impl SessionHandle {
                     let turn = tokio::select! {
                         biased;
                         _ = called_off.stopped() => return,
-                        turn = slot.turn.clone().lock_owned() => turn,
+                        turn = slot.key.turn.clone().lock_owned() => turn,
                     };
                     if called_off.is_stopped() || !slot.may_delete(campaign) {
                         return;
