@@ -399,6 +399,38 @@ impl Compare {
     pub fn lease(key: impl Into<Vec<u8>>, op: CompareOp, lease: LeaseId) -> Self {
         Self::new(key, op, CompareTarget::Lease(lease))
     }
+
+    /// Whether one key passes this compare, as etcd judges it (`None`: the key does not
+    /// exist). A value compare on a missing key fails whatever the operator; the other
+    /// targets read a missing key as zero. For backends: a prefix compare passes when every
+    /// key under the prefix passes, and no key at all is judged as `None`.
+    ///
+    /// ```
+    /// use coord_api::{Compare, CompareOp};
+    /// assert!(Compare::version("k", CompareOp::Equal, 0).matches(None));
+    /// assert!(!Compare::value("k", CompareOp::NotEqual, "v").matches(None));
+    /// ```
+    pub fn matches(&self, kv: Option<&KeyValue>) -> bool {
+        let ord = match (&self.target, kv) {
+            // etcd: "nil == empty string in grpc; no way to represent missing value".
+            (CompareTarget::Value(_), None) => return false,
+            (CompareTarget::Value(v), Some(kv)) => kv.value.as_ref().cmp(v.as_ref()),
+            (CompareTarget::Version(v), kv) => kv.map_or(0, |kv| kv.version).cmp(v),
+            (CompareTarget::CreateRevision(r), kv) => {
+                kv.map_or(Revision::ZERO, |kv| kv.create_revision).cmp(r)
+            }
+            (CompareTarget::ModRevision(r), kv) => {
+                kv.map_or(Revision::ZERO, |kv| kv.mod_revision).cmp(r)
+            }
+            (CompareTarget::Lease(l), kv) => kv.map_or(LeaseId::NONE, |kv| kv.lease).cmp(l),
+        };
+        match self.op {
+            CompareOp::Equal => ord.is_eq(),
+            CompareOp::NotEqual => ord.is_ne(),
+            CompareOp::Greater => ord.is_gt(),
+            CompareOp::Less => ord.is_lt(),
+        }
+    }
 }
 
 /// One operation in a transaction branch.

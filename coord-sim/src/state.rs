@@ -23,10 +23,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use coord_api::{
-    Compare, CompareOp, CompareTarget, DeleteRequest, DeleteResponse, Error, Event, EventKind,
-    GetRequest, GetResponse, KeyRange, KeyValue, LeaseGrant, LeaseId, LeaseTimeToLive, PutRequest,
-    PutResponse, Result, Revision, SortOrder, SortTarget, TxnOp, TxnOpResponse, TxnRequest,
-    TxnResponse, WatchRequest, WatchResponse,
+    Compare, DeleteRequest, DeleteResponse, Error, Event, EventKind, GetRequest, GetResponse,
+    KeyRange, KeyValue, LeaseGrant, LeaseId, LeaseTimeToLive, PutRequest, PutResponse, Result,
+    Revision, SortOrder, SortTarget, TxnOp, TxnOpResponse, TxnRequest, TxnResponse, WatchRequest,
+    WatchResponse,
 };
 use tokio::time::Instant;
 
@@ -595,7 +595,7 @@ impl State {
 
     fn compare(&self, c: &Compare) -> bool {
         if !c.prefix {
-            return Self::compare_kv(c, self.current(&c.key));
+            return c.matches(self.current(&c.key));
         }
         // etcd's applyCompare over a range: every key must pass; no key at all is judged as
         // one missing key.
@@ -605,35 +605,12 @@ impl State {
             .filter_map(|(_, v)| Self::value_at(v, None))
             .peekable();
         if live.peek().is_none() {
-            return Self::compare_kv(c, None);
+            return c.matches(None);
         }
         if coord_api::planted::enabled(coord_api::planted::Bug::SimPrefixCompareChecksLastKey) {
-            return live.last().is_some_and(|kv| Self::compare_kv(c, Some(kv)));
+            return live.last().is_some_and(|kv| c.matches(Some(kv)));
         }
-        live.all(|kv| Self::compare_kv(c, Some(kv)))
-    }
-
-    fn compare_kv(c: &Compare, kv: Option<&KeyValue>) -> bool {
-        let ord = match (&c.target, kv) {
-            // A value compare on a missing key always fails (etcd: "nil == empty string in
-            // grpc; no way to represent missing value").
-            (CompareTarget::Value(_), None) => return false,
-            (CompareTarget::Value(v), Some(kv)) => kv.value.as_ref().cmp(v.as_ref()),
-            (CompareTarget::Version(v), kv) => kv.map_or(0, |kv| kv.version).cmp(v),
-            (CompareTarget::CreateRevision(r), kv) => {
-                kv.map_or(Revision::ZERO, |kv| kv.create_revision).cmp(r)
-            }
-            (CompareTarget::ModRevision(r), kv) => {
-                kv.map_or(Revision::ZERO, |kv| kv.mod_revision).cmp(r)
-            }
-            (CompareTarget::Lease(l), kv) => kv.map_or(LeaseId::NONE, |kv| kv.lease).cmp(l),
-        };
-        match c.op {
-            CompareOp::Equal => ord.is_eq(),
-            CompareOp::NotEqual => ord.is_ne(),
-            CompareOp::Greater => ord.is_gt(),
-            CompareOp::Less => ord.is_lt(),
-        }
+        live.all(|kv| c.matches(Some(kv)))
     }
 
     /// Runs a transaction.

@@ -33,6 +33,7 @@ pub mod election;
 pub mod kv;
 pub mod lease;
 mod macros;
+pub mod process;
 pub mod recipes;
 pub mod txn;
 pub mod watch;

@@ -1,12 +1,13 @@
 //! Real etcd processes for tests: one member or a cluster, on free loopback ports.
 
 use std::fs::File;
-use std::net::TcpListener;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use coord_api::testkit::process;
 use coord_api::{KvLeaseStore, LeaseId, Limits};
 use tokio::time::Instant;
 
@@ -65,23 +66,6 @@ pub fn etcd_binary() -> Result<PathBuf, HarnessError> {
         .map(|dir| dir.join("etcd"))
         .find(|p| p.is_file())
         .ok_or(HarnessError::EtcdNotFound)
-}
-
-/// A free loopback port, below Linux's ephemeral range (32768-60999). A port the OS hands
-/// out for `bind(0)` comes from that range, and so does the local port of every outgoing
-/// connection: between our check and etcd's bind, a client connection could take it.
-fn free_port() -> std::io::Result<u16> {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let salt = u64::from(std::process::id()).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    for _ in 0..1000 {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed).wrapping_mul(7919) ^ salt;
-        let port = 20_000 + (n % 12_000) as u16;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return Ok(port);
-        }
-    }
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 /// TLS for the members' client port: PEM files the members read.
@@ -167,7 +151,7 @@ impl EtcdClusterBuilder {
 
     async fn start_once(self) -> Result<EtcdCluster, HarnessError> {
         let bin = etcd_binary()?;
-        super::tied::remove_orphaned_dirs(DIR_PREFIX);
+        process::remove_orphaned_dirs(DIR_PREFIX);
         let dir = tempfile::Builder::new()
             .prefix(&format!("{DIR_PREFIX}{}-", std::process::id()))
             .tempdir()?;
@@ -175,7 +159,7 @@ impl EtcdClusterBuilder {
         let mut members = Vec::with_capacity(self.members);
         let mut peer_proxies = Vec::new();
         for i in 0..self.members {
-            let peer_listen_port = free_port()?;
+            let peer_listen_port = process::free_port()?;
             let peer_port = if self.peer_proxies {
                 let target = ([127, 0, 0, 1], peer_listen_port).into();
                 let proxy = PeerProxy::start(i, target, isolation.clone()).await?;
@@ -187,7 +171,7 @@ impl EtcdClusterBuilder {
             };
             members.push(Member {
                 name: format!("m{i}"),
-                client_port: free_port()?,
+                client_port: process::free_port()?,
                 peer_port,
                 peer_listen_port,
                 child: Mutex::new(None),
@@ -358,7 +342,7 @@ impl EtcdCluster {
             .iter()
             .map(|m| format!("{}={}", m.name, peer(m)))
             .collect();
-        let mut cmd = super::tied::command(&self.bin)?;
+        let mut cmd = process::command(&self.bin, &[]).ok_or(HarnessError::SetprivNotFound)?;
         cmd.arg("--name")
             .arg(&m.name)
             .arg("--data-dir")
@@ -409,7 +393,7 @@ impl EtcdCluster {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log));
-        let child = super::tied::spawn(cmd)?;
+        let child = process::spawn(cmd)?;
         *m.child.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
         Ok(())
     }

@@ -9,12 +9,11 @@
 //! says so; they never skip.
 //!
 //! No etcd outlives the test process that started it, even one killed with SIGKILL: each runs
-//! under util-linux's `setpriv --pdeathsig KILL` (see `tied.rs`).
+//! under util-linux's `setpriv --pdeathsig KILL` (see `coord_api::testkit::process`).
 
 mod cluster;
 mod peer_proxy;
 mod proxy;
-mod tied;
 
 pub use cluster::{etcd_binary, EtcdCluster, EtcdClusterBuilder, HarnessError, ServerTls};
 pub use proxy::{ProxyMode, TcpProxy};

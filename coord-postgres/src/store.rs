@@ -1,0 +1,438 @@
+//! [`PostgresStore`]: the contract over a connection pool, each request one transaction with
+//! a deadline, and the two background tasks (lease sweep, watch wake-ups) a store runs.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use coord_api::{
+    elections, validate, DeleteRequest, DeleteResponse, DynKvLeaseStore, Error, GetRequest,
+    GetResponse, KeepAlive, KeyValue, KvLeaseStore, LeaderKey, LeaderStream, LeaseGrant, LeaseId,
+    LeaseTimeToLive, Limits, PutRequest, PutResponse, Result, Revision, TxnOp, TxnOpResponse,
+    TxnRequest, TxnResponse, WatchRequest, WatchStream,
+};
+use deadpool_postgres::{
+    Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime, Transaction,
+};
+use futures::future::BoxFuture;
+use tokio::sync::watch;
+use tokio::time::{timeout_at, Instant};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::error::{from_pg, from_pool, timed_out, Stage};
+use crate::kv::{self, before, Writer};
+use crate::{lease, schema, PostgresConfig, BACKEND};
+
+/// A [`KvLeaseStore`] on PostgreSQL. Cheap to clone: clones share the pool and the background
+/// tasks, which end when the last clone is dropped.
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    config: PostgresConfig,
+    known: watch::Receiver<i64>,
+    _tasks: DropGuard,
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("pool_size", &self.inner.config.pool_size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A transaction's body: runs inside it, returns its answer (the caller commits).
+type Body<T> = Box<dyn for<'a> FnOnce(&'a Transaction<'a>) -> BoxFuture<'a, Result<T>> + Send>;
+
+impl PostgresStore {
+    /// Connects, creates or migrates coord's tables, and starts the lease sweep and the watch
+    /// listener.
+    ///
+    /// # Errors
+    /// [`InvalidArgument`](Error::InvalidArgument) for a connection string that does not
+    /// parse, or a schema written by a newer coord; [`Unavailable`](Error::Unavailable) when
+    /// the server cannot be reached; [`PermissionDenied`](Error::PermissionDenied) for refused
+    /// credentials.
+    pub async fn connect(config: PostgresConfig) -> Result<Self> {
+        let pg: tokio_postgres::Config = config
+            .connection
+            .parse()
+            .map_err(|e| Error::invalid(format!("PostgreSQL connection string: {e}")))?;
+        let (mut client, connection) = timeout_at(
+            Instant::now() + config.request_timeout,
+            pg.connect(tokio_postgres::NoTls),
+        )
+        .await
+        .map_err(|_| timed_out("connect", Stage::Before))?
+        .map_err(|e| from_pg("connect", Stage::Before, e))?;
+        let driver = tokio::spawn(connection);
+        let found = schema::migrate(&mut client)
+            .await
+            .map_err(|e| from_pg("migrate", Stage::Before, e))?;
+        drop(client);
+        let _ = driver.await;
+        if found > schema::VERSION {
+            return Err(Error::invalid(format!(
+                "the database's coord schema is version {found}; this coord knows up to {}",
+                schema::VERSION
+            )));
+        }
+        let manager = Manager::from_config(
+            pg.clone(),
+            tokio_postgres::NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(config.pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(config.request_timeout))
+            .create_timeout(Some(config.request_timeout))
+            .build()
+            .map_err(|e| Error::invalid(format!("PostgreSQL pool: {e}")))?;
+        let stop = CancellationToken::new();
+        let (known_tx, known) = watch::channel(0);
+        tokio::spawn(crate::watch::listen(
+            pg,
+            pool.clone(),
+            known_tx,
+            config.poll_interval,
+            stop.clone(),
+        ));
+        tokio::spawn(sweep(pool.clone(), config.clone(), stop.clone()));
+        Ok(PostgresStore {
+            inner: Arc::new(Inner {
+                pool,
+                config,
+                known,
+                _tasks: stop.drop_guard(),
+            }),
+        })
+    }
+
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.inner.config.request_timeout
+    }
+
+    /// Runs `body` in one transaction and commits it, all within the request timeout. A
+    /// connection that failed or timed out is closed, never handed to the next request.
+    async fn write<T: Send>(&self, operation: &'static str, body: Body<T>) -> Result<T> {
+        in_transaction(&self.inner.pool, self.deadline(), operation, body).await
+    }
+
+    /// A pooled connection, within the request timeout.
+    async fn conn(&self, operation: &'static str, deadline: Instant) -> Result<Object> {
+        timeout_at(deadline, self.inner.pool.get())
+            .await
+            .map_err(|_| timed_out(operation, Stage::Before))?
+            .map_err(|e| from_pool(operation, e))
+    }
+
+    /// Runs one statement's worth of work (autocommit) within the request timeout; a timeout
+    /// or a lost connection is reported at `stage`.
+    async fn single<T>(
+        &self,
+        operation: &'static str,
+        stage: Stage,
+        run: impl for<'a> FnOnce(&'a Object) -> BoxFuture<'a, Result<T>>,
+    ) -> Result<T> {
+        let deadline = self.deadline();
+        let conn = self.conn(operation, deadline).await?;
+        let result = match timeout_at(deadline, run(&conn)).await {
+            Ok(r) => r,
+            Err(_) => Err(timed_out(operation, stage)),
+        };
+        let result = match (result, stage) {
+            (Err(Error::Unavailable { source, .. }), Stage::Commit) if !answered(&source) => {
+                Err(Error::Indeterminate {
+                    backend: BACKEND,
+                    operation,
+                    source,
+                })
+            }
+            (r, _) => r,
+        };
+        if failed(&result) {
+            let _ = Object::take(conn);
+        }
+        result
+    }
+
+    pub(crate) async fn renew(&self, lease: LeaseId) -> Result<Duration> {
+        // A renewal whose answer is lost is reported as not done: the caller keeps the
+        // deadline of its last answered renewal, the safe side.
+        self.single("keep_alive", Stage::Before, move |c| {
+            Box::pin(async move { lease::renew(c, lease).await })
+        })
+        .await
+    }
+}
+
+/// True for a source that is the server's own answer (nothing applied).
+fn answered(source: &coord_api::BoxError) -> bool {
+    source
+        .downcast_ref::<tokio_postgres::Error>()
+        .is_some_and(|e| e.as_db_error().is_some())
+}
+
+fn failed<T>(result: &Result<T>) -> bool {
+    matches!(
+        result,
+        Err(Error::Unavailable { .. } | Error::Indeterminate { .. })
+    )
+}
+
+/// See [`PostgresStore::write`]; the sweep uses it too.
+async fn in_transaction<T: Send>(
+    pool: &Pool,
+    deadline: Instant,
+    operation: &'static str,
+    body: Body<T>,
+) -> Result<T> {
+    let mut conn = timeout_at(deadline, pool.get())
+        .await
+        .map_err(|_| timed_out(operation, Stage::Before))?
+        .map_err(|e| from_pool(operation, e))?;
+    let result = async {
+        let tx = timeout_at(deadline, conn.transaction())
+            .await
+            .map_err(|_| timed_out(operation, Stage::Before))?
+            .map_err(before(operation))?;
+        // Until COMMIT is sent nothing can apply: a failure or timeout before it rolls back.
+        let value = timeout_at(deadline, body(&tx))
+            .await
+            .map_err(|_| timed_out(operation, Stage::Before))??;
+        match timeout_at(deadline, tx.commit()).await {
+            Err(_) => Err(timed_out(operation, Stage::Commit)),
+            Ok(Err(e)) => Err(from_pg(operation, Stage::Commit, e)),
+            Ok(Ok(())) => Ok(value),
+        }
+    }
+    .await;
+    if failed(&result) {
+        let _ = Object::take(conn);
+    }
+    result
+}
+
+/// Expires leases past their deadline, every sweep interval, until `stop`.
+async fn sweep(pool: Pool, config: PostgresConfig, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(config.sweep_interval) => {}
+        }
+        let due = match pool.get().await {
+            Ok(c) => lease::expired(&c, 64).await.unwrap_or_default(),
+            Err(_) => continue,
+        };
+        for id in due {
+            let deadline = Instant::now() + config.request_timeout;
+            let body: Body<bool> = Box::new(move |tx| {
+                Box::pin(async move {
+                    let mut w = Writer::begin(tx, "expire").await?;
+                    let removed = lease::remove(&mut w, tx, id, true).await?;
+                    w.finish().await?;
+                    Ok(removed)
+                })
+            });
+            match in_transaction(&pool, deadline, "expire", body).await {
+                Ok(true) => tracing::debug!(lease = %id, "coord-postgres: lease expired"),
+                Ok(false) => {}
+                Err(e) => tracing::debug!(lease = %id, error = %e, "coord-postgres: sweep failed"),
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl KvLeaseStore for PostgresStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn limits(&self) -> Limits {
+        self.inner.config.limits.clone()
+    }
+
+    fn shared(&self) -> Arc<DynKvLeaseStore> {
+        Arc::new(self.clone())
+    }
+
+    async fn get(&self, req: GetRequest) -> Result<GetResponse> {
+        validate::get(&req)?;
+        self.single("get", Stage::Before, move |c| {
+            Box::pin(async move { kv::get(c, &req).await })
+        })
+        .await
+    }
+
+    async fn put(&self, req: PutRequest) -> Result<PutResponse> {
+        validate::put(&req, &self.inner.config.limits)?;
+        self.write(
+            "put",
+            Box::new(move |tx| {
+                Box::pin(async move {
+                    let mut w = Writer::begin(tx, "put").await?;
+                    let resp = w.put(&req).await?;
+                    w.finish().await?;
+                    Ok(resp)
+                })
+            }),
+        )
+        .await
+    }
+
+    async fn delete(&self, req: DeleteRequest) -> Result<DeleteResponse> {
+        validate::delete(&req)?;
+        self.write(
+            "delete",
+            Box::new(move |tx| {
+                Box::pin(async move {
+                    let mut w = Writer::begin(tx, "delete").await?;
+                    let mut resp = w.delete(&req).await?;
+                    resp.revision = w.finish().await?;
+                    Ok(resp)
+                })
+            }),
+        )
+        .await
+    }
+
+    async fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
+        validate::txn(&req, &self.inner.config.limits)?;
+        self.write(
+            "txn",
+            Box::new(move |tx| {
+                Box::pin(async move {
+                    let mut w = Writer::begin(tx, "txn").await?;
+                    let mut succeeded = true;
+                    for c in &req.compares {
+                        if !w.compare(c).await? {
+                            succeeded = false;
+                            break;
+                        }
+                    }
+                    let branch = if succeeded {
+                        &req.success
+                    } else {
+                        &req.failure
+                    };
+                    // A read at a bad revision fails the whole transaction before anything
+                    // is written, as in etcd.
+                    for op in branch {
+                        if let TxnOp::Get(get) = op {
+                            if let Some(rev) = get.revision.filter(|r| *r > 0) {
+                                w.meta().check_read(rev)?;
+                            }
+                        }
+                    }
+                    let mut responses = Vec::with_capacity(branch.len());
+                    for op in branch {
+                        responses.push(match op {
+                            TxnOp::Get(get) => TxnOpResponse::Get(w.get(get).await?),
+                            TxnOp::Put(put) => TxnOpResponse::Put(w.put(put).await?),
+                            TxnOp::Delete(del) => TxnOpResponse::Delete(w.delete(del).await?),
+                        });
+                    }
+                    let revision = w.finish().await?;
+                    Ok(TxnResponse::new(revision, succeeded, responses))
+                })
+            }),
+        )
+        .await
+    }
+
+    async fn grant(&self, ttl: Duration) -> Result<LeaseGrant> {
+        let limits = &self.inner.config.limits;
+        validate::ttl(ttl, limits)?;
+        let ttl = validate::granted_ttl(ttl, limits);
+        self.single("grant", Stage::Commit, move |c| {
+            Box::pin(async move { lease::grant(c, ttl).await })
+        })
+        .await
+    }
+
+    async fn revoke(&self, id: LeaseId) -> Result<Revision> {
+        self.write(
+            "revoke",
+            Box::new(move |tx| {
+                Box::pin(async move {
+                    let mut w = Writer::begin(tx, "revoke").await?;
+                    if !lease::remove(&mut w, tx, id, false).await? {
+                        return Err(Error::LeaseNotFound { lease: id });
+                    }
+                    w.finish().await
+                })
+            }),
+        )
+        .await
+    }
+
+    async fn time_to_live(&self, id: LeaseId) -> Result<LeaseTimeToLive> {
+        self.single("time_to_live", Stage::Before, move |c| {
+            Box::pin(async move { lease::time_to_live(c, id).await })
+        })
+        .await
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<Box<dyn KeepAlive>> {
+        Ok(Box::new(lease::PgKeepAlive {
+            store: self.clone(),
+            lease,
+        }))
+    }
+
+    async fn watch(&self, req: WatchRequest) -> Result<WatchStream> {
+        validate::watch(&req)?;
+        let source = crate::watch::Source {
+            pool: self.inner.pool.clone(),
+            known: self.inner.known.clone(),
+            progress_interval: self.inner.config.limits.progress_notify_interval,
+        };
+        timeout_at(self.deadline(), crate::watch::open(source, req))
+            .await
+            .map_err(|_| timed_out("watch", Stage::Before))?
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<()> {
+        self.write(
+            "compact",
+            Box::new(move |tx| Box::pin(crate::compact::compact(tx, revision))),
+        )
+        .await
+    }
+
+    async fn campaign(&self, name: &str, value: Bytes, lease: LeaseId) -> Result<LeaderKey> {
+        elections::campaign(self, name, value, lease).await
+    }
+
+    async fn proclaim(&self, leader: &LeaderKey, value: Bytes) -> Result<()> {
+        elections::proclaim(self, leader, value).await
+    }
+
+    async fn leader(&self, name: &str) -> Result<KeyValue> {
+        elections::leader(self, name).await
+    }
+
+    async fn observe(&self, name: &str) -> Result<LeaderStream> {
+        elections::observe(self.shared(), name)
+    }
+
+    async fn resign(&self, leader: &LeaderKey) -> Result<()> {
+        elections::resign(self, leader).await
+    }
+}
+
+impl From<PostgresStore> for Arc<DynKvLeaseStore> {
+    fn from(store: PostgresStore) -> Self {
+        Arc::new(store)
+    }
+}

@@ -1,0 +1,380 @@
+//! One PostgreSQL server per test, started from a data directory initialised once per test
+//! process and copied (initdb takes seconds; a copy and a start take a fraction of one).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use coord_api::testkit::process;
+use tokio::time::Instant;
+
+use crate::{PostgresConfig, PostgresStore};
+
+/// Why a server could not be started.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HarnessError {
+    /// No PostgreSQL server binaries.
+    #[error(
+        "PostgreSQL's initdb and postgres not found: set PG_BIN to the directory holding them \
+         (Debian: apt-get install postgresql, which puts them in /usr/lib/postgresql/<version>/bin)"
+    )]
+    NotFound,
+    /// No `setpriv`.
+    #[error("{}", process::SETPRIV_MISSING)]
+    SetprivNotFound,
+    /// Running as root, and no `postgres` user to run the server as.
+    #[error(
+        "running as root, and there is no `postgres` user to run PostgreSQL as (it refuses root)"
+    )]
+    NoPostgresUser,
+    /// A step failed; `log` says what the server or initdb printed.
+    #[error("{step} failed: {log}")]
+    Failed {
+        /// What was being done.
+        step: &'static str,
+        /// Its output.
+        log: String,
+    },
+    /// An I/O error.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+const DIR_PREFIX: &str = "coord-pg-";
+
+/// The directory holding `initdb` and `postgres`: `PG_BIN`, or the newest of Debian's
+/// `/usr/lib/postgresql/<version>/bin`.
+pub fn postgres_bin_dir() -> Result<PathBuf, HarnessError> {
+    let has_both = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
+    if let Some(dir) = std::env::var_os("PG_BIN").map(PathBuf::from) {
+        return if has_both(&dir) {
+            Ok(dir)
+        } else {
+            Err(HarnessError::NotFound)
+        };
+    }
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let bin = e.path().join("bin");
+            has_both(&bin).then_some((version, bin))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, b)| b).ok_or(HarnessError::NotFound)
+}
+
+/// The user the server runs as: `postgres` when this process is root, else this process's.
+#[derive(Debug, Clone, Copy)]
+struct RunAs {
+    ids: Option<(u32, u32)>,
+}
+
+impl RunAs {
+    fn find() -> Result<RunAs, HarnessError> {
+        if !is_root() {
+            return Ok(RunAs { ids: None });
+        }
+        let passwd = std::fs::read_to_string("/etc/passwd")?;
+        let ids = passwd
+            .lines()
+            .find_map(|line| {
+                let f: Vec<&str> = line.split(':').collect();
+                (f.first() == Some(&"postgres") && f.len() > 3)
+                    .then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))
+                    .flatten()
+            })
+            .ok_or(HarnessError::NoPostgresUser)?;
+        Ok(RunAs { ids: Some(ids) })
+    }
+
+    fn own(&self, path: &Path) -> std::io::Result<()> {
+        match self.ids {
+            Some((uid, gid)) => std::os::unix::fs::chown(path, Some(uid), Some(gid)),
+            None => Ok(()),
+        }
+    }
+
+    fn command(&self, program: PathBuf) -> Result<Command, HarnessError> {
+        let args: Vec<String> = match self.ids {
+            Some((uid, gid)) => vec![
+                format!("--reuid={uid}"),
+                format!("--regid={gid}"),
+                "--init-groups".into(),
+            ],
+            None => Vec::new(),
+        };
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        process::command(program, &args).ok_or(HarnessError::SetprivNotFound)
+    }
+}
+
+fn is_root() -> bool {
+    // The real uid, from the kernel's own account of this process.
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|l| l.split_whitespace().next().map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// The data directory every server of this process starts from a copy of.
+fn template(bin: &Path, run_as: RunAs) -> Result<PathBuf, HarnessError> {
+    static TEMPLATE: OnceLock<Mutex<Option<PathBuf>>> = OnceLock::new();
+    let mut made = TEMPLATE
+        .get_or_init(|| Mutex::new(None))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(dir) = made.as_ref() {
+        return Ok(dir.clone());
+    }
+    process::remove_orphaned_dirs(DIR_PREFIX);
+    let root = std::env::temp_dir().join(format!("{DIR_PREFIX}{}-template", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root)?;
+    run_as.own(&root)?;
+    let data = root.join("data");
+    let out = run_as
+        .command(bin.join("initdb"))?
+        .args([
+            "-A",
+            "trust",
+            "-U",
+            "coord",
+            "-E",
+            "UTF8",
+            "--no-sync",
+            "-D",
+        ])
+        .arg(&data)
+        .output()?;
+    if !out.status.success() {
+        return Err(HarnessError::Failed {
+            step: "initdb",
+            log: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    *made = Some(data.clone());
+    Ok(data)
+}
+
+/// A PostgreSQL server of its own for one test; killed (SIGKILL) and removed when dropped.
+#[derive(Debug)]
+pub struct PostgresServer {
+    bin: PathBuf,
+    run_as: RunAs,
+    dir: PathBuf,
+    port: u16,
+    child: Mutex<Option<Child>>,
+}
+
+impl PostgresServer {
+    /// Starts a server on a free loopback port and waits until it accepts connections.
+    pub async fn start() -> Result<Self, HarnessError> {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let bin = postgres_bin_dir()?;
+        let run_as = RunAs::find()?;
+        let template = {
+            let bin = bin.clone();
+            tokio::task::spawn_blocking(move || template(&bin, run_as))
+                .await
+                .map_err(|e| HarnessError::Io(std::io::Error::other(e)))??
+        };
+        let dir = std::env::temp_dir().join(format!(
+            "{DIR_PREFIX}{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        run_as.own(&dir)?;
+        let out = Command::new("cp")
+            .arg("-a")
+            .arg(&template)
+            .arg(dir.join("data"))
+            .output()?;
+        if !out.status.success() {
+            return Err(HarnessError::Failed {
+                step: "copying the template data directory",
+                log: String::from_utf8_lossy(&out.stderr).into_owned(),
+            });
+        }
+        let server = PostgresServer {
+            bin,
+            run_as,
+            dir,
+            port: process::free_port()?,
+            child: Mutex::new(None),
+        };
+        server.launch().await?;
+        Ok(server)
+    }
+
+    async fn launch(&self) -> Result<(), HarnessError> {
+        let log = std::fs::File::create(self.dir.join("server.log"))?;
+        self.run_as.own(&self.dir.join("server.log"))?;
+        let mut cmd = self.run_as.command(self.bin.join("postgres"))?;
+        cmd.arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-p", &self.port.to_string(), "-k"])
+            .arg(&self.dir)
+            // Loopback only; durability to the OS is enough for tests that kill the server
+            // (a kill -9 loses nothing the kernel holds).
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
+            .args(["-c", "max_connections=400", "-c", "shared_buffers=16MB"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        let child = process::spawn(cmd)?;
+        *self.child.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
+        self.wait_ready(Duration::from_secs(30)).await
+    }
+
+    async fn wait_ready(&self, bound: Duration) -> Result<(), HarnessError> {
+        let until = Instant::now() + bound;
+        let pg: tokio_postgres::Config = self.connection().parse().expect("our own string");
+        loop {
+            if let Ok((client, conn)) = pg.connect(tokio_postgres::NoTls).await {
+                let driver = tokio::spawn(conn);
+                let ok = client.simple_query("SELECT 1").await.is_ok();
+                drop(client);
+                let _ = driver.await;
+                if ok {
+                    return Ok(());
+                }
+            }
+            let exited = self
+                .child
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_mut()
+                .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+            if exited || Instant::now() >= until {
+                return Err(HarnessError::Failed {
+                    step: if exited {
+                        "postgres (it exited)"
+                    } else {
+                        "postgres (not ready in 30 s)"
+                    },
+                    log: std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The server's port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A libpq-style connection string for the server (user `coord`, trusted).
+    pub fn connection(&self) -> String {
+        self.connection_to(self.port)
+    }
+
+    /// The same connection string through another port (a proxy's).
+    pub fn connection_to(&self, port: u16) -> String {
+        format!("host=127.0.0.1 port={port} user=coord dbname=postgres connect_timeout=5")
+    }
+
+    /// The store's settings for this server: the defaults, but for progress notifications
+    /// every second (as the etcd harness sets its members), so tests of them take seconds.
+    pub fn config(&self) -> PostgresConfig {
+        PostgresConfig::new(self.connection()).with_progress_notify_interval(Duration::from_secs(1))
+    }
+
+    /// A store connected to this server.
+    pub async fn store(&self) -> PostgresStore {
+        PostgresStore::connect(self.config())
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to the test's PostgreSQL: {e:?}"))
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(Child::id)
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(pid) = self.pid() {
+            let _ = Command::new("kill")
+                .args([signal, &pid.to_string()])
+                .status();
+        }
+    }
+
+    /// kill -9 of the server (its backends follow when they see it gone).
+    pub fn kill(&self) {
+        if let Some(mut child) = self.child.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same data and port (after [`kill`](Self::kill)).
+    pub async fn restart(&self) -> Result<(), HarnessError> {
+        self.kill();
+        // The killed postmaster's backends hold its shared memory until they exit.
+        let until = Instant::now() + Duration::from_secs(10);
+        while self.dir.join("data/postmaster.pid").exists() && Instant::now() < until {
+            let _ = std::fs::remove_file(self.dir.join("data/postmaster.pid"));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.launch().await
+    }
+
+    /// SIGSTOP: connections are accepted by the kernel and nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after [`pause`](Self::pause).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    /// Terminates every client backend but this call's own (`pg_terminate_backend`), as an
+    /// operator or a failover would.
+    pub async fn terminate_backends(&self) -> Result<u64, HarnessError> {
+        let pg: tokio_postgres::Config = self.connection().parse().expect("our own string");
+        let failed = |e: tokio_postgres::Error| HarnessError::Failed {
+            step: "pg_terminate_backend",
+            log: e.to_string(),
+        };
+        let (client, conn) = pg.connect(tokio_postgres::NoTls).await.map_err(failed)?;
+        let driver = tokio::spawn(conn);
+        let row = client
+            .query_one(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .map_err(failed)?;
+        drop(client);
+        let _ = driver.await;
+        Ok(row.get::<_, i64>(0) as u64)
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        self.resume();
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

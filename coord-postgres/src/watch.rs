@@ -1,0 +1,299 @@
+//! Watches: the history table is the truth, notifications only a wake-up.
+//!
+//! Every writing transaction sends `NOTIFY coord_revision` with its revision, delivered at
+//! commit. One listener per store turns those into the newest revision known (a
+//! `tokio::sync::watch`), and also reads the revision itself every poll interval, so a lost
+//! notification (a dropped listener connection, a full queue) costs latency, never an event.
+//! Each stream reads whole revisions from `coord_history`, from its next revision up to the
+//! newest known: revisions are taken under one lock and committed in order, so every revision
+//! up to a committed one is there, with no gaps to wait out.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use coord_api::{
+    Error, Event, EventKind, KeyValue, LeaseId, Result, Revision, WatchRequest, WatchResponse,
+    WatchStream,
+};
+use deadpool_postgres::{GenericClient, Pool};
+use futures::StreamExt;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::range::{bounds, condition, kv_at};
+
+/// The newest revision any source has shown this store, never moving back.
+pub(crate) fn advance(known: &watch::Sender<i64>, revision: i64) {
+    known.send_if_modified(|r| {
+        let newer = revision > *r;
+        if newer {
+            *r = revision;
+        }
+        newer
+    });
+}
+
+/// Listens for notifications and polls, until `stop`.
+pub(crate) async fn listen(
+    pg: tokio_postgres::Config,
+    pool: Pool,
+    known: watch::Sender<i64>,
+    poll: Duration,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(poll);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        // (Re)connect the listener; while it is down, the poll alone keeps watches moving.
+        let mut notifications = match connect_listener(&pg).await {
+            Ok(n) => Some(n),
+            Err(e) => {
+                tracing::debug!(error = %e, "coord-postgres: listener not connected; polling");
+                None
+            }
+        };
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {
+                    if let Ok(r) = current_revision(&pool).await {
+                        advance(&known, r.get());
+                    }
+                    if notifications.is_none() {
+                        break;
+                    }
+                }
+                n = async { notifications.as_mut().expect("listening").next().await },
+                    if notifications.is_some() =>
+                {
+                    match n {
+                        Some(revision) => advance(&known, revision),
+                        None => {
+                            tracing::debug!("coord-postgres: listener connection lost");
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A connection listening on `coord_revision`, as a stream of the revisions notified.
+async fn connect_listener(
+    pg: &tokio_postgres::Config,
+) -> std::result::Result<futures::stream::BoxStream<'static, i64>, tokio_postgres::Error> {
+    let (client, mut connection) = pg.connect(tokio_postgres::NoTls).await?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    // The connection delivers notifications only while it is polled for messages.
+    tokio::spawn(async move {
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = messages.next().await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                if let Ok(revision) = n.payload().parse::<i64>() {
+                    if tx.send(revision).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    client.batch_execute("LISTEN coord_revision").await?;
+    // The stream owns the client: dropping it closes the connection.
+    Ok(tokio_stream_of(rx, client))
+}
+
+fn tokio_stream_of(
+    mut rx: mpsc::UnboundedReceiver<i64>,
+    client: tokio_postgres::Client,
+) -> futures::stream::BoxStream<'static, i64> {
+    async_stream::stream! {
+        let _client = client;
+        while let Some(r) = rx.recv().await {
+            yield r;
+        }
+    }
+    .boxed()
+}
+
+/// The store's revision, as committed.
+pub(crate) async fn current_revision(pool: &Pool) -> Result<Revision> {
+    let c = pool
+        .get()
+        .await
+        .map_err(|e| crate::error::from_pool("get", e))?;
+    let stmt = c
+        .prepare_cached("SELECT revision FROM coord_meta WHERE id = 1")
+        .await
+        .map_err(crate::kv::before("get"))?;
+    let row = c
+        .query_one(&stmt, &[])
+        .await
+        .map_err(crate::kv::before("get"))?;
+    Ok(Revision(row.get(0)))
+}
+
+/// What a watch stream needs from its store.
+pub(crate) struct Source {
+    pub(crate) pool: Pool,
+    pub(crate) known: watch::Receiver<i64>,
+    pub(crate) progress_interval: Duration,
+}
+
+/// Opens a watch from `start` (the revision after the current one when `None`).
+pub(crate) async fn open(source: Source, req: WatchRequest) -> Result<WatchStream> {
+    let start = match req.start_revision.filter(|r| *r > 0) {
+        Some(r) => r,
+        None => current_revision(&source.pool).await?.next(),
+    };
+    let (progress_tx, progress_rx) = mpsc::unbounded_channel::<()>();
+    let batches = stream(source, req, start, progress_rx);
+    Ok(WatchStream::new(batches, move || {
+        progress_tx.send(()).map_err(|_| Error::StreamClosed {
+            stream: "watch",
+            source: None,
+        })
+    }))
+}
+
+fn closed(e: impl Into<coord_api::BoxError>) -> Error {
+    Error::StreamClosed {
+        stream: "watch",
+        source: Some(e.into()),
+    }
+}
+
+fn stream(
+    source: Source,
+    req: WatchRequest,
+    start: Revision,
+    mut progress: mpsc::UnboundedReceiver<()>,
+) -> impl futures::Stream<Item = Result<WatchResponse>> + Send + 'static {
+    let Source {
+        pool,
+        mut known,
+        progress_interval,
+    } = source;
+    let req = Arc::new(req);
+    async_stream::stream! {
+        let mut next = start;
+        let mut answer_progress = false;
+        loop {
+            let upto = Revision(*known.borrow_and_update());
+            if upto >= next || answer_progress {
+                let upto = if answer_progress {
+                    match current_revision(&pool).await {
+                        Ok(r) => r,
+                        Err(e) => { yield Err(closed(e)); return; }
+                    }
+                } else {
+                    upto
+                };
+                if upto >= next {
+                    match read(&pool, &req, next, upto).await {
+                        Ok(Ok(events)) => {
+                            next = upto.next();
+                            if !events.is_empty() {
+                                yield Ok(WatchResponse::new(upto, events));
+                            }
+                        }
+                        Ok(Err(compacted)) => { yield Err(compacted); return; }
+                        Err(e) => { yield Err(e); return; }
+                    }
+                }
+                if answer_progress {
+                    answer_progress = false;
+                    yield Ok(WatchResponse::progress_answer(upto));
+                }
+                continue;
+            }
+            tokio::select! {
+                changed = known.changed() => {
+                    if changed.is_err() {
+                        yield Err(closed("the store was dropped"));
+                        return;
+                    }
+                }
+                asked = progress.recv() => {
+                    if asked.is_none() {
+                        return;
+                    }
+                    answer_progress = true;
+                }
+                _ = tokio::time::sleep(progress_interval), if req.progress_notify => {
+                    // Idle for the interval: everything up to `next - 1` has been delivered.
+                    yield Ok(WatchResponse::new(next.prev(), Vec::new()));
+                }
+            }
+        }
+    }
+}
+
+/// The events of revisions `from..=upto` under the watch's range, in order; the inner error
+/// is `Compacted` when `from` is below the compaction point.
+async fn read(
+    pool: &Pool,
+    req: &WatchRequest,
+    from: Revision,
+    upto: Revision,
+) -> Result<Result<Vec<Event>>> {
+    let c = pool.get().await.map_err(closed)?;
+    let (lo, hi) = bounds(&req.range);
+    let sql = format!(
+        "SELECT m.compact_revision, h.revision, h.deleted, h.key, h.value, h.create_revision, \
+         h.revision, h.version, h.lease, p.key, p.value, p.create_revision, p.revision, \
+         p.version, p.lease, p.deleted \
+         FROM coord_meta m LEFT JOIN LATERAL (SELECT * FROM coord_history \
+         WHERE revision >= $3 AND revision <= $4 AND {}) h ON true \
+         LEFT JOIN LATERAL (SELECT * FROM coord_history p WHERE $5 AND p.key = h.key \
+         AND p.revision < h.revision ORDER BY p.revision DESC, p.seq DESC LIMIT 1) p ON true \
+         WHERE m.id = 1 ORDER BY h.revision, h.seq",
+        condition("key", 1, 2)
+    );
+    let stmt = c.prepare_cached(&sql).await.map_err(closed)?;
+    let rows = c
+        .query(&stmt, &[&lo, &hi, &from.get(), &upto.get(), &req.prev_kv])
+        .await
+        .map_err(closed)?;
+    let compact = Revision(rows.first().map_or(0, |r| r.get(0)));
+    if from < compact {
+        return Ok(Err(Error::Compacted {
+            requested: from,
+            compact_revision: compact,
+        }));
+    }
+    let mut events = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let Some(revision) = row.get::<_, Option<i64>>(1) else {
+            continue;
+        };
+        let deleted: bool = row.get(2);
+        let kv = if deleted {
+            KeyValue {
+                key: Bytes::from(row.get::<_, Vec<u8>>(3)),
+                value: Bytes::new(),
+                create_revision: Revision::ZERO,
+                mod_revision: Revision(revision),
+                version: 0,
+                lease: LeaseId::NONE,
+            }
+        } else {
+            kv_at(row, 3).expect("a history row has a key")
+        };
+        let prev_kv = match row.get::<_, Option<bool>>(15) {
+            Some(false) => kv_at(row, 9),
+            _ => None,
+        };
+        events.push(Event {
+            kind: if deleted {
+                EventKind::Delete
+            } else {
+                EventKind::Put
+            },
+            kv,
+            prev_kv,
+        });
+    }
+    Ok(Ok(events))
+}
