@@ -2,14 +2,15 @@
 //! the point, which reads at the point (and a watch's previous values) still need.
 
 use coord_api::{Error, Result, Revision};
-use deadpool_postgres::GenericClient;
+use tokio_postgres::types::Type;
 
-use crate::kv::{before, lock_meta};
+use crate::kv::{before, Writer};
 
-/// Compacts at `revision` inside the caller's transaction (which takes the writers' lock, so
-/// no write lands halfway through).
-pub(crate) async fn compact(c: &impl GenericClient, revision: Revision) -> Result<()> {
-    let meta = lock_meta(c, "compact").await?;
+/// Compacts at `revision` inside `w`'s transaction (which holds the writers' lock, so no
+/// write lands halfway through).
+pub(crate) async fn compact(w: &Writer<'_>, revision: Revision) -> Result<()> {
+    let meta = w.meta();
+    let c = w.client();
     if revision <= meta.compact_revision {
         return Err(Error::Compacted {
             requested: revision,
@@ -24,23 +25,23 @@ pub(crate) async fn compact(c: &impl GenericClient, revision: Revision) -> Resul
     }
     // A row below the point goes if it is a tombstone or a later row at or below the point
     // replaces it.
-    let stmt = c
-        .prepare_cached(
-            "DELETE FROM coord_history h WHERE h.revision < $1 AND (h.deleted OR EXISTS \
-             (SELECT 1 FROM coord_history n WHERE n.key = h.key AND n.revision > h.revision \
-             AND n.revision <= $1))",
-        )
-        .await
-        .map_err(before("compact"))?;
-    c.execute(&stmt, &[&revision.get()])
-        .await
-        .map_err(before("compact"))?;
-    let stmt = c
-        .prepare_cached("UPDATE coord_meta SET compact_revision = $1 WHERE id = 1")
-        .await
-        .map_err(before("compact"))?;
-    c.execute(&stmt, &[&revision.get()])
-        .await
-        .map_err(before("compact"))?;
+    let at = [(
+        &revision.get() as &(dyn tokio_postgres::types::ToSql + Sync),
+        Type::INT8,
+    )];
+    c.execute_typed(
+        "DELETE FROM coord_history h WHERE h.revision < $1 AND (h.deleted OR EXISTS \
+         (SELECT 1 FROM coord_history n WHERE n.key = h.key AND n.revision > h.revision \
+         AND n.revision <= $1))",
+        &at,
+    )
+    .await
+    .map_err(before("compact"))?;
+    c.execute_typed(
+        "UPDATE coord_meta SET compact_revision = $1 WHERE id = 1",
+        &at,
+    )
+    .await
+    .map_err(before("compact"))?;
     Ok(())
 }

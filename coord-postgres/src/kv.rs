@@ -1,12 +1,12 @@
 //! Reads and writes of keys inside one database transaction: the rules of etcd's MVCC store
 //! (revisions, versions, tombstones, compare-and-swap) over `coord_kv` and `coord_history`.
 
-use bytes::Bytes;
 use coord_api::{
     Compare, DeleteRequest, DeleteResponse, Error, GetRequest, GetResponse, KeyRange, KeyValue,
     LeaseId, PutRequest, PutResponse, Result, Revision,
 };
-use deadpool_postgres::GenericClient;
+use tokio_postgres::types::Type;
+use tokio_postgres::Client;
 
 use crate::error::{from_pg, Stage};
 use crate::range::{bounds, condition, kv_at, select};
@@ -48,7 +48,7 @@ pub(crate) fn before(operation: &'static str) -> impl Fn(tokio_postgres::Error) 
 /// The live keys of `range` as of `rev` (now, when `None`), in key order, with the meta row
 /// read in the same statement, so in the same snapshot.
 async fn visible(
-    c: &impl GenericClient,
+    c: &Client,
     range: &KeyRange,
     rev: Option<Revision>,
 ) -> Result<(Meta, Vec<KeyValue>)> {
@@ -62,8 +62,9 @@ async fn visible(
                  WHERE m.id = 1 ORDER BY k.key",
                 condition("key", 1, 2)
             );
-            let stmt = c.prepare_cached(&sql).await.map_err(before("get"))?;
-            c.query(&stmt, &[&lo, &hi]).await.map_err(before("get"))?
+            c.query_typed(&sql, &[(&lo, Type::BYTEA), (&hi, Type::BYTEA)])
+                .await
+                .map_err(before("get"))?
         }
         Some(rev) => {
             let sql = format!(
@@ -75,15 +76,19 @@ async fn visible(
                  WHERE m.id = 1 ORDER BY h.key",
                 condition("key", 1, 2)
             );
-            let stmt = c.prepare_cached(&sql).await.map_err(before("get"))?;
-            c.query(&stmt, &[&lo, &hi, &rev.get()])
-                .await
-                .map_err(before("get"))?
+            c.query_typed(
+                &sql,
+                &[
+                    (&lo, Type::BYTEA),
+                    (&hi, Type::BYTEA),
+                    (&rev.get(), Type::INT8),
+                ],
+            )
+            .await
+            .map_err(before("get"))?
         }
     };
-    let first = rows
-        .first()
-        .ok_or_else(|| Error::invalid("coord's schema has no meta row"))?;
+    let first = rows.first().ok_or_else(no_meta)?;
     let meta = Meta {
         revision: Revision(first.get(0)),
         compact_revision: Revision(first.get(1)),
@@ -92,7 +97,7 @@ async fn visible(
 }
 
 /// A read outside any write: one statement, one snapshot.
-pub(crate) async fn get(c: &impl GenericClient, req: &GetRequest) -> Result<GetResponse> {
+pub(crate) async fn get(c: &Client, req: &GetRequest) -> Result<GetResponse> {
     let rev = req.revision.filter(|r| *r > 0);
     let (meta, kvs) = visible(c, &req.range, rev).await?;
     if let Some(rev) = rev {
@@ -101,39 +106,94 @@ pub(crate) async fn get(c: &impl GenericClient, req: &GetRequest) -> Result<GetR
     Ok(select(req, kvs, meta.revision))
 }
 
-/// The meta row, locked for this transaction: from here until commit no other writer runs.
-pub(crate) async fn lock_meta(c: &impl GenericClient, operation: &'static str) -> Result<Meta> {
-    let stmt = c
-        .prepare_cached("SELECT revision, compact_revision FROM coord_meta WHERE id = 1 FOR UPDATE")
-        .await
-        .map_err(before(operation))?;
-    let row = c.query_one(&stmt, &[]).await.map_err(before(operation))?;
-    Ok(Meta {
+/// The statement that locks the meta row for a writing transaction: from its answer until
+/// commit no other writer runs.
+const LOCK_META: &str = "SELECT revision, compact_revision FROM coord_meta WHERE id = 1 FOR UPDATE";
+
+fn meta_of(row: &tokio_postgres::Row) -> Meta {
+    Meta {
         revision: Revision(row.get(0)),
         compact_revision: Revision(row.get(1)),
-    })
+    }
 }
 
-/// One writing transaction, after [`lock_meta`]: every write it makes shares the revision
-/// after the locked one, and it is advanced (and announced) at [`finish`](Writer::finish)
-/// only if something was written.
-pub(crate) struct Writer<'c, C> {
-    c: &'c C,
+/// One writing transaction on `c`, opened by [`begin`](Writer::begin): every write it makes
+/// shares the revision after the locked one, which [`finish`](Writer::finish) takes (and
+/// announces) only if something was written.
+///
+/// Round trips are the cost of a write over a slow link, so statements that do not wait on
+/// each other's answers go together: `BEGIN`, the lock and the compares in one, each write in
+/// one statement, and the revision's advance with `COMMIT` in one.
+pub(crate) struct Writer<'c> {
+    c: &'c Client,
     meta: Meta,
     /// Events written so far at the pending revision; their order within it.
     seq: i32,
     operation: &'static str,
 }
 
-impl<'c, C: GenericClient> Writer<'c, C> {
-    pub(crate) async fn begin(c: &'c C, operation: &'static str) -> Result<Self> {
-        let meta = lock_meta(c, operation).await?;
-        Ok(Writer {
+impl<'c> Writer<'c> {
+    /// Sends `BEGIN`, locks the meta row and evaluates `compares` against the locked state,
+    /// in one round trip. Returns whether every compare held.
+    ///
+    /// After an error the connection is mid-transaction: the caller rolls back or drops it.
+    pub(crate) async fn begin(
+        c: &'c Client,
+        operation: &'static str,
+        compares: &[Compare],
+    ) -> Result<(Self, bool)> {
+        let fail = before(operation);
+        let ranges: Vec<(Vec<u8>, Option<Vec<u8>>)> = compares
+            .iter()
+            .map(|cmp| {
+                bounds(&if cmp.prefix {
+                    KeyRange::Prefix(cmp.key.clone())
+                } else {
+                    KeyRange::Key(cmp.key.clone())
+                })
+            })
+            .collect();
+        let sql = format!(
+            "SELECT {KV_COLUMNS} FROM coord_kv WHERE {} ORDER BY key",
+            condition("key", 1, 2)
+        );
+        let reads = ranges.iter().map(|(lo, hi)| {
+            let sql = &sql;
+            async move {
+                c.query_typed(sql, &[(lo, Type::BYTEA), (hi, Type::BYTEA)])
+                    .await
+            }
+        });
+        // Polled in order, so sent in order: the reads run after the lock is taken.
+        let (began, locked, read) = futures::join!(
+            c.batch_execute("BEGIN"),
+            c.query_typed(LOCK_META, &[]),
+            futures::future::join_all(reads)
+        );
+        began.map_err(&fail)?;
+        let meta = meta_of(locked.map_err(&fail)?.first().ok_or_else(no_meta)?);
+        let mut held = true;
+        for (cmp, rows) in compares.iter().zip(read) {
+            let kvs: Vec<KeyValue> = rows
+                .map_err(&fail)?
+                .iter()
+                .filter_map(|r| kv_at(r, 0))
+                .collect();
+            // etcd: on a prefix every key must pass, and no key at all is one missing key.
+            let ok = if kvs.is_empty() {
+                cmp.matches(None)
+            } else {
+                kvs.iter().all(|kv| cmp.matches(Some(kv)))
+            };
+            held &= ok;
+        }
+        let w = Writer {
             c,
             meta,
             seq: 0,
             operation,
-        })
+        };
+        Ok((w, held))
     }
 
     /// The revision as the transaction's own reads see it: the pending one once it wrote.
@@ -147,6 +207,10 @@ impl<'c, C: GenericClient> Writer<'c, C> {
 
     pub(crate) fn meta(&self) -> Meta {
         self.meta
+    }
+
+    pub(crate) fn client(&self) -> &'c Client {
+        self.c
     }
 
     fn pending(&self) -> i64 {
@@ -167,151 +231,88 @@ impl<'c, C: GenericClient> Writer<'c, C> {
         Ok(select(req, kvs, self.seen()))
     }
 
-    async fn current(&self, key: &[u8]) -> Result<Option<KeyValue>> {
-        let sql = format!("SELECT {KV_COLUMNS} FROM coord_kv WHERE key = $1");
-        let stmt = self.c.prepare_cached(&sql).await.map_err(self.fail())?;
-        let row = self
-            .c
-            .query_opt(&stmt, &[&key])
-            .await
-            .map_err(self.fail())?;
-        Ok(row.and_then(|r| kv_at(&r, 0)))
-    }
-
-    /// Refuses a lease that does not exist (a lease past its deadline that no sweep has
-    /// removed yet still does, as in etcd until its lessor revokes it).
-    async fn check_lease(&self, lease: LeaseId) -> Result<()> {
-        let stmt = self
-            .c
-            .prepare_cached("SELECT 1 FROM coord_lease WHERE id = $1")
-            .await
-            .map_err(self.fail())?;
-        match self
-            .c
-            .query_opt(&stmt, &[&lease.0])
-            .await
-            .map_err(self.fail())?
-        {
-            Some(_) => Ok(()),
-            None => Err(Error::LeaseNotFound { lease }),
-        }
-    }
-
-    async fn record(&mut self, kv: &KeyValue, deleted: bool) -> Result<()> {
-        let stmt = self
-            .c
-            .prepare_cached(
-                "INSERT INTO coord_history (revision, seq, key, deleted, value, create_revision, \
-                 version, lease) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-            )
-            .await
-            .map_err(self.fail())?;
-        self.c
-            .execute(
-                &stmt,
-                &[
-                    &self.pending(),
-                    &self.seq,
-                    &kv.key.as_ref(),
-                    &deleted,
-                    &kv.value.as_ref(),
-                    &kv.create_revision.get(),
-                    &kv.version,
-                    &kv.lease.0,
-                ],
-            )
-            .await
-            .map_err(self.fail())?;
-        self.seq += 1;
-        Ok(())
-    }
-
+    /// Writes one key in one statement: the previous value, the new one (version and create
+    /// revision carried over), its history row, and the lease's existence checked (a lease
+    /// past its deadline that no sweep has removed yet still exists, as in etcd until its
+    /// lessor revokes it).
     pub(crate) async fn put(&mut self, req: &PutRequest) -> Result<PutResponse> {
         let lease = req.lease.unwrap_or(LeaseId::NONE);
-        if !lease.is_none() {
-            self.check_lease(lease).await?;
-        }
-        let prev = self.current(&req.key).await?;
-        let pending = Revision(self.pending());
-        let kv = KeyValue {
-            key: req.key.clone(),
-            value: req.value.clone(),
-            create_revision: prev.as_ref().map_or(pending, |p| p.create_revision),
-            mod_revision: pending,
-            version: prev.as_ref().map_or(1, |p| p.version + 1),
-            lease,
-        };
-        let stmt = self
+        let sql = format!(
+            "WITH prev AS (SELECT {KV_COLUMNS} FROM coord_kv WHERE key = $1), \
+             ok AS (SELECT $4 = 0 OR EXISTS (SELECT 1 FROM coord_lease WHERE id = $4) AS lease_ok), \
+             up AS (INSERT INTO coord_kv AS k ({KV_COLUMNS}) \
+               SELECT $1, $2, $3, $3, 1, $4 FROM ok WHERE lease_ok \
+               ON CONFLICT (key) DO UPDATE SET value = $2, mod_revision = $3, \
+               version = k.version + 1, lease = $4 RETURNING k.*), \
+             h AS (INSERT INTO coord_history (revision, seq, key, deleted, value, \
+               create_revision, version, lease) \
+               SELECT $3, $5, key, false, value, create_revision, version, lease FROM up) \
+             SELECT ok.lease_ok, p.key, p.value, p.create_revision, p.mod_revision, p.version, \
+             p.lease FROM ok LEFT JOIN prev p ON true"
+        );
+        let rows = self
             .c
-            .prepare_cached(&format!(
-                "INSERT INTO coord_kv ({KV_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6) \
-                 ON CONFLICT (key) DO UPDATE SET value = $2, mod_revision = $4, version = $5, \
-                 lease = $6"
-            ))
-            .await
-            .map_err(self.fail())?;
-        self.c
-            .execute(
-                &stmt,
+            .query_typed(
+                &sql,
                 &[
-                    &kv.key.as_ref(),
-                    &kv.value.as_ref(),
-                    &kv.create_revision.get(),
-                    &kv.mod_revision.get(),
-                    &kv.version,
-                    &kv.lease.0,
+                    (&req.key.as_ref(), Type::BYTEA),
+                    (&req.value.as_ref(), Type::BYTEA),
+                    (&self.pending(), Type::INT8),
+                    (&lease.0, Type::INT8),
+                    (&self.seq, Type::INT4),
                 ],
             )
             .await
             .map_err(self.fail())?;
-        self.record(&kv, false).await?;
+        let row = rows.first().ok_or_else(no_meta)?;
+        if !row.get::<_, bool>(0) {
+            return Err(Error::LeaseNotFound { lease });
+        }
+        self.seq += 1;
+        let prev = kv_at(row, 1);
         Ok(PutResponse::new(
-            pending,
+            Revision(self.pending()),
             if req.prev_kv { prev } else { None },
         ))
     }
 
-    /// Deletes the keys of `range`, or those attached to `lease`, each with a tombstone.
+    /// Deletes the keys of `range`, or those attached to `lease`, each with a tombstone, in
+    /// one statement; returns them in key order.
     async fn delete_where(
         &mut self,
         range: Option<&KeyRange>,
         lease: LeaseId,
     ) -> Result<Vec<KeyValue>> {
-        let rows = match range {
-            Some(range) => {
-                let (lo, hi) = bounds(range);
-                let sql = format!(
-                    "DELETE FROM coord_kv WHERE {} RETURNING {KV_COLUMNS}",
-                    condition("key", 1, 2)
-                );
-                let stmt = self.c.prepare_cached(&sql).await.map_err(self.fail())?;
-                self.c
-                    .query(&stmt, &[&lo, &hi])
-                    .await
-                    .map_err(self.fail())?
-            }
-            None => {
-                let sql = format!("DELETE FROM coord_kv WHERE lease = $1 RETURNING {KV_COLUMNS}");
-                let stmt = self.c.prepare_cached(&sql).await.map_err(self.fail())?;
-                self.c
-                    .query(&stmt, &[&lease.0])
-                    .await
-                    .map_err(self.fail())?
-            }
+        let (lo, hi) = range.map(bounds).unwrap_or_default();
+        let which = match range {
+            Some(_) => condition("key", 1, 2),
+            // The range's bounds go unread; the lease is never NONE here.
+            None => "lease = $3 AND lease <> 0".to_owned(),
         };
-        let mut deleted: Vec<KeyValue> = rows.iter().filter_map(|r| kv_at(r, 0)).collect();
-        deleted.sort_by(|a, b| a.key.cmp(&b.key));
-        for kv in &deleted {
-            let tombstone = KeyValue {
-                key: kv.key.clone(),
-                value: Bytes::new(),
-                create_revision: Revision::ZERO,
-                mod_revision: Revision::ZERO,
-                version: 0,
-                lease: LeaseId::NONE,
-            };
-            self.record(&tombstone, true).await?;
-        }
+        let sql = format!(
+            "WITH gone AS (DELETE FROM coord_kv WHERE {which} RETURNING {KV_COLUMNS}), \
+             h AS (INSERT INTO coord_history (revision, seq, key, deleted, value, \
+               create_revision, version, lease) \
+               SELECT $4, $5 + row_number() OVER (ORDER BY key) - 1, key, true, '', 0, 0, 0 \
+               FROM gone) \
+             SELECT {KV_COLUMNS} FROM gone ORDER BY key"
+        );
+        let rows = self
+            .c
+            .query_typed(
+                &sql,
+                &[
+                    (&lo, Type::BYTEA),
+                    (&hi, Type::BYTEA),
+                    (&lease.0, Type::INT8),
+                    (&self.pending(), Type::INT8),
+                    (&self.seq, Type::INT4),
+                ],
+            )
+            .await
+            .map_err(self.fail())?;
+        let deleted: Vec<KeyValue> = rows.iter().filter_map(|r| kv_at(r, 0)).collect();
+        self.seq += deleted.len() as i32;
         Ok(deleted)
     }
 
@@ -330,39 +331,29 @@ impl<'c, C: GenericClient> Writer<'c, C> {
         self.delete_where(None, lease).await.map(drop)
     }
 
-    /// etcd's compare: on a prefix every key must pass, and no key at all is judged as one
-    /// missing key.
-    pub(crate) async fn compare(&self, c: &Compare) -> Result<bool> {
-        let range = if c.prefix {
-            KeyRange::Prefix(c.key.clone())
-        } else {
-            KeyRange::Key(c.key.clone())
-        };
-        let (_, kvs) = visible(self.c, &range, None).await?;
-        if kvs.is_empty() {
-            return Ok(c.matches(None));
-        }
-        Ok(kvs.iter().all(|kv| c.matches(Some(kv))))
-    }
-
-    /// Advances the revision if anything was written, and tells watchers at commit. Returns
-    /// the revision the transaction's answer reports.
-    pub(crate) async fn finish(self) -> Result<Revision> {
+    /// Advances the revision if anything was written (telling watchers at commit) and
+    /// commits, in one round trip. Returns the revision the answer reports.
+    ///
+    /// # Errors
+    /// As for a commit: `Indeterminate` when the answer is lost.
+    pub(crate) async fn commit(self) -> Result<Revision> {
+        let revision = self.seen();
+        let commit = |e| crate::error::from_pg(self.operation, crate::error::Stage::Commit, e);
         if self.seq == 0 {
-            return Ok(self.meta.revision);
+            self.c.batch_execute("COMMIT").await.map_err(commit)?;
+            return Ok(revision);
         }
-        let stmt = self
-            .c
-            .prepare_cached(
-                "WITH up AS (UPDATE coord_meta SET revision = $1 WHERE id = 1) \
-                 SELECT pg_notify('coord_revision', $1::text)",
-            )
-            .await
-            .map_err(self.fail())?;
-        self.c
-            .execute(&stmt, &[&self.pending()])
-            .await
-            .map_err(self.fail())?;
-        Ok(Revision(self.pending()))
+        // Our own integer, inlined: the simple protocol takes several statements at once.
+        let sql = format!(
+            "UPDATE coord_meta SET revision = {r} WHERE id = 1; \
+             SELECT pg_notify('coord_revision', '{r}'); COMMIT",
+            r = revision.get()
+        );
+        self.c.batch_execute(&sql).await.map_err(commit)?;
+        Ok(revision)
     }
+}
+
+fn no_meta() -> Error {
+    Error::invalid("coord's schema has no meta row")
 }

@@ -7,69 +7,56 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use coord_api::{Error, KeepAlive, LeaseGrant, LeaseId, LeaseTimeToLive, Result};
-use deadpool_postgres::GenericClient;
+use tokio_postgres::types::Type;
+use tokio_postgres::Client;
 
 use crate::kv::{before, Writer};
 use crate::store::PostgresStore;
 
 /// Grants a lease of `ttl` (validated and rounded by the caller), its id drawn by the server.
-pub(crate) async fn grant(c: &impl GenericClient, ttl: Duration) -> Result<LeaseGrant> {
+pub(crate) async fn grant(c: &Client, ttl: Duration) -> Result<LeaseGrant> {
     let secs = ttl.as_secs() as i64;
     // Ids look like etcd's (large, positive, unordered); a clash with a live lease draws again.
-    let stmt = c
-        .prepare_cached(
-            "INSERT INTO coord_lease (id, ttl, expires_at) \
+    let sql = "INSERT INTO coord_lease (id, ttl, expires_at) \
              VALUES (1 + floor(random() * 4611686018427387903)::bigint, $1::bigint, \
              clock_timestamp() + $1::bigint * interval '1 second') \
-             ON CONFLICT (id) DO NOTHING RETURNING id",
-        )
-        .await
-        .map_err(before("grant"))?;
+             ON CONFLICT (id) DO NOTHING RETURNING id";
     loop {
-        if let Some(row) = c
-            .query_opt(&stmt, &[&secs])
+        let rows = c
+            .query_typed(sql, &[(&secs, Type::INT8)])
             .await
-            .map_err(before("grant"))?
-        {
+            .map_err(before("grant"))?;
+        if let Some(row) = rows.first() {
             return Ok(LeaseGrant::new(LeaseId(row.get(0)), ttl));
         }
     }
 }
 
 /// Renews a lease that has not yet expired; returns its TTL.
-pub(crate) async fn renew(c: &impl GenericClient, lease: LeaseId) -> Result<Duration> {
-    let stmt = c
-        .prepare_cached(
+pub(crate) async fn renew(c: &Client, lease: LeaseId) -> Result<Duration> {
+    let rows = c
+        .query_typed(
             "UPDATE coord_lease SET expires_at = clock_timestamp() + ttl * interval '1 second' \
              WHERE id = $1 AND expires_at > clock_timestamp() RETURNING ttl",
+            &[(&lease.0, Type::INT8)],
         )
         .await
         .map_err(before("keep_alive"))?;
-    match c
-        .query_opt(&stmt, &[&lease.0])
-        .await
-        .map_err(before("keep_alive"))?
-    {
+    match rows.first() {
         Some(row) => Ok(Duration::from_secs(row.get::<_, i64>(0) as u64)),
         None => Err(Error::LeaseNotFound { lease }),
     }
 }
 
 /// A lease's remaining time (whole seconds, rounded down, as etcd reports it) and keys.
-pub(crate) async fn time_to_live(
-    c: &impl GenericClient,
-    lease: LeaseId,
-) -> Result<LeaseTimeToLive> {
-    let stmt = c
-        .prepare_cached(
+pub(crate) async fn time_to_live(c: &Client, lease: LeaseId) -> Result<LeaseTimeToLive> {
+    let rows = c
+        .query_typed(
             "SELECT l.ttl, floor(extract(epoch FROM l.expires_at - clock_timestamp()))::bigint, \
              k.key FROM coord_lease l LEFT JOIN coord_kv k ON k.lease = l.id \
              WHERE l.id = $1 AND l.expires_at > clock_timestamp() ORDER BY k.key",
+            &[(&lease.0, Type::INT8)],
         )
-        .await
-        .map_err(before("time_to_live"))?;
-    let rows = c
-        .query(&stmt, &[&lease.0])
         .await
         .map_err(before("time_to_live"))?;
     let first = rows.first().ok_or(Error::LeaseNotFound { lease })?;
@@ -86,25 +73,18 @@ pub(crate) async fn time_to_live(
 /// Removes a lease and deletes its keys in one revision, inside `w`'s transaction; with
 /// `only_expired`, only if its deadline has passed (a sweep racing a renewal loses). Returns
 /// whether the lease was there to remove.
-pub(crate) async fn remove<C: GenericClient>(
-    w: &mut Writer<'_, C>,
-    c: &C,
-    lease: LeaseId,
-    only_expired: bool,
-) -> Result<bool> {
+pub(crate) async fn remove(w: &mut Writer<'_>, lease: LeaseId, only_expired: bool) -> Result<bool> {
     let operation = if only_expired { "expire" } else { "revoke" };
-    let stmt = c
-        .prepare_cached(
+    let gone = w
+        .client()
+        .query_typed(
             "DELETE FROM coord_lease WHERE id = $1 AND (NOT $2 OR expires_at <= clock_timestamp()) \
              RETURNING id",
+            &[(&lease.0, Type::INT8), (&only_expired, Type::BOOL)],
         )
         .await
         .map_err(before(operation))?;
-    let gone = c
-        .query_opt(&stmt, &[&lease.0, &only_expired])
-        .await
-        .map_err(before(operation))?;
-    if gone.is_none() {
+    if gone.is_empty() {
         return Ok(false);
     }
     w.delete_leased(lease).await?;
@@ -112,15 +92,15 @@ pub(crate) async fn remove<C: GenericClient>(
 }
 
 /// The leases past their deadline, oldest first, at most `limit` of them.
-pub(crate) async fn expired(c: &impl GenericClient, limit: i64) -> Result<Vec<LeaseId>> {
-    let stmt = c
-        .prepare_cached(
+pub(crate) async fn expired(c: &Client, limit: i64) -> Result<Vec<LeaseId>> {
+    let rows = c
+        .query_typed(
             "SELECT id FROM coord_lease WHERE expires_at <= clock_timestamp() \
              ORDER BY expires_at LIMIT $1",
+            &[(&limit, Type::INT8)],
         )
         .await
         .map_err(before("expire"))?;
-    let rows = c.query(&stmt, &[&limit]).await.map_err(before("expire"))?;
     Ok(rows.iter().map(|r| LeaseId(r.get(0))).collect())
 }
 

@@ -8,21 +8,19 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use coord_api::{
-    elections, validate, DeleteRequest, DeleteResponse, DynKvLeaseStore, Error, GetRequest,
-    GetResponse, KeepAlive, KeyValue, KvLeaseStore, LeaderKey, LeaderStream, LeaseGrant, LeaseId,
-    LeaseTimeToLive, Limits, PutRequest, PutResponse, Result, Revision, TxnOp, TxnOpResponse,
-    TxnRequest, TxnResponse, WatchRequest, WatchStream,
+    elections, validate, Compare, DeleteRequest, DeleteResponse, DynKvLeaseStore, Error,
+    GetRequest, GetResponse, KeepAlive, KeyValue, KvLeaseStore, LeaderKey, LeaderStream,
+    LeaseGrant, LeaseId, LeaseTimeToLive, Limits, PutRequest, PutResponse, Result, Revision, TxnOp,
+    TxnOpResponse, TxnRequest, TxnResponse, WatchRequest, WatchStream,
 };
-use deadpool_postgres::{
-    Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime, Transaction,
-};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use futures::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::time::{timeout_at, Instant};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::error::{from_pg, from_pool, timed_out, Stage};
-use crate::kv::{self, before, Writer};
+use crate::kv::{self, Writer};
 use crate::{lease, schema, PostgresConfig, BACKEND};
 
 /// A [`KvLeaseStore`] on PostgreSQL. Cheap to clone: clones share the pool and the background
@@ -47,8 +45,10 @@ impl fmt::Debug for PostgresStore {
     }
 }
 
-/// A transaction's body: runs inside it, returns its answer (the caller commits).
-type Body<T> = Box<dyn for<'a> FnOnce(&'a Transaction<'a>) -> BoxFuture<'a, Result<T>> + Send>;
+/// A transaction's body: runs inside it, told whether its compares held, and returns its
+/// answer (the caller commits).
+type Body<T> =
+    Box<dyn for<'a, 'b> FnOnce(&'b mut Writer<'a>, bool) -> BoxFuture<'b, Result<T>> + Send>;
 
 impl PostgresStore {
     /// Connects, creates or migrates coord's tables, and starts the lease sweep and the watch
@@ -60,10 +60,19 @@ impl PostgresStore {
     /// the server cannot be reached; [`PermissionDenied`](Error::PermissionDenied) for refused
     /// credentials.
     pub async fn connect(config: PostgresConfig) -> Result<Self> {
-        let pg: tokio_postgres::Config = config
+        let mut pg: tokio_postgres::Config = config
             .connection
             .parse()
             .map_err(|e| Error::invalid(format!("PostgreSQL connection string: {e}")))?;
+        // A client that stalls inside a transaction (a paused process, a cut link) holds the
+        // writers' lock: the server ends such a session after the request timeout, as the
+        // client itself would have given up by then.
+        let idle_ms = config.request_timeout.as_millis().max(1);
+        let options = match pg.get_options() {
+            Some(o) => format!("{o} -c idle_in_transaction_session_timeout={idle_ms}"),
+            None => format!("-c idle_in_transaction_session_timeout={idle_ms}"),
+        };
+        pg.options(&options);
         let (mut client, connection) = timeout_at(
             Instant::now() + config.request_timeout,
             pg.connect(tokio_postgres::NoTls),
@@ -123,8 +132,13 @@ impl PostgresStore {
 
     /// Runs `body` in one transaction and commits it, all within the request timeout. A
     /// connection that failed or timed out is closed, never handed to the next request.
-    async fn write<T: Send>(&self, operation: &'static str, body: Body<T>) -> Result<T> {
-        in_transaction(&self.inner.pool, self.deadline(), operation, body).await
+    async fn write<T: Send>(
+        &self,
+        operation: &'static str,
+        compares: &[Compare],
+        body: Body<T>,
+    ) -> Result<T> {
+        in_transaction(&self.inner.pool, self.deadline(), operation, compares, body).await
     }
 
     /// A pooled connection, within the request timeout.
@@ -141,11 +155,11 @@ impl PostgresStore {
         &self,
         operation: &'static str,
         stage: Stage,
-        run: impl for<'a> FnOnce(&'a Object) -> BoxFuture<'a, Result<T>>,
+        run: impl for<'a> FnOnce(&'a tokio_postgres::Client) -> BoxFuture<'a, Result<T>>,
     ) -> Result<T> {
         let deadline = self.deadline();
-        let conn = self.conn(operation, deadline).await?;
-        let result = match timeout_at(deadline, run(&conn)).await {
+        let conn = Checkout::new(self.conn(operation, deadline).await?);
+        let result = match timeout_at(deadline, run(conn.client())).await {
             Ok(r) => r,
             Err(_) => Err(timed_out(operation, stage)),
         };
@@ -159,8 +173,8 @@ impl PostgresStore {
             }
             (r, _) => r,
         };
-        if failed(&result) {
-            let _ = Object::take(conn);
+        if !result.as_ref().is_err_and(failed_link) {
+            conn.give_back();
         }
         result
     }
@@ -182,11 +196,8 @@ fn answered(source: &coord_api::BoxError) -> bool {
         .is_some_and(|e| e.as_db_error().is_some())
 }
 
-fn failed<T>(result: &Result<T>) -> bool {
-    matches!(
-        result,
-        Err(Error::Unavailable { .. } | Error::Indeterminate { .. })
-    )
+fn failed_link(e: &Error) -> bool {
+    matches!(e, Error::Unavailable { .. } | Error::Indeterminate { .. })
 }
 
 /// See [`PostgresStore::write`]; the sweep uses it too.
@@ -194,32 +205,76 @@ async fn in_transaction<T: Send>(
     pool: &Pool,
     deadline: Instant,
     operation: &'static str,
+    compares: &[Compare],
     body: Body<T>,
 ) -> Result<T> {
-    let mut conn = timeout_at(deadline, pool.get())
-        .await
-        .map_err(|_| timed_out(operation, Stage::Before))?
-        .map_err(|e| from_pool(operation, e))?;
-    let result = async {
-        let tx = timeout_at(deadline, conn.transaction())
+    let conn = Checkout::new(
+        timeout_at(deadline, pool.get())
             .await
             .map_err(|_| timed_out(operation, Stage::Before))?
-            .map_err(before(operation))?;
+            .map_err(|e| from_pool(operation, e))?,
+    );
+    let client: &tokio_postgres::Client = conn.client();
+    let result = async {
         // Until COMMIT is sent nothing can apply: a failure or timeout before it rolls back.
-        let value = timeout_at(deadline, body(&tx))
+        let (mut w, held) = timeout_at(deadline, Writer::begin(client, operation, compares))
             .await
             .map_err(|_| timed_out(operation, Stage::Before))??;
-        match timeout_at(deadline, tx.commit()).await {
-            Err(_) => Err(timed_out(operation, Stage::Commit)),
-            Ok(Err(e)) => Err(from_pg(operation, Stage::Commit, e)),
-            Ok(Ok(())) => Ok(value),
-        }
+        let value = timeout_at(deadline, body(&mut w, held))
+            .await
+            .map_err(|_| timed_out(operation, Stage::Before))??;
+        timeout_at(deadline, w.commit())
+            .await
+            .map_err(|_| timed_out(operation, Stage::Commit))??;
+        Ok(value)
     }
     .await;
-    if failed(&result) {
-        let _ = Object::take(conn);
+    let reusable = match &result {
+        Ok(_) => true,
+        // The connection's state is unknown: it is closed, never handed on.
+        Err(e) if failed_link(e) => false,
+        // An answer mid-transaction (a lease not found, a compacted read, a rejected
+        // statement): roll back before the connection serves anyone else.
+        Err(_) => matches!(
+            timeout_at(deadline, client.batch_execute("ROLLBACK")).await,
+            Ok(Ok(()))
+        ),
+    };
+    if reusable {
+        conn.give_back();
     }
     result
+}
+
+/// A pooled connection on loan to one request. Unless the request gives it back in a known
+/// state, it is closed when the loan ends: a request cancelled mid-transaction (its future
+/// dropped) must not hand the next request an open transaction holding the writers' lock.
+/// Closing it makes the server roll the transaction back.
+struct Checkout {
+    conn: Option<Object>,
+}
+
+impl Checkout {
+    fn new(conn: Object) -> Self {
+        Checkout { conn: Some(conn) }
+    }
+
+    fn client(&self) -> &tokio_postgres::Client {
+        self.conn.as_ref().expect("on loan")
+    }
+
+    /// Returns the connection to the pool.
+    fn give_back(mut self) {
+        drop(self.conn.take());
+    }
+}
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            drop(Object::take(conn));
+        }
+    }
 }
 
 /// Expires leases past their deadline, every sweep interval, until `stop`.
@@ -235,15 +290,9 @@ async fn sweep(pool: Pool, config: PostgresConfig, stop: CancellationToken) {
         };
         for id in due {
             let deadline = Instant::now() + config.request_timeout;
-            let body: Body<bool> = Box::new(move |tx| {
-                Box::pin(async move {
-                    let mut w = Writer::begin(tx, "expire").await?;
-                    let removed = lease::remove(&mut w, tx, id, true).await?;
-                    w.finish().await?;
-                    Ok(removed)
-                })
-            });
-            match in_transaction(&pool, deadline, "expire", body).await {
+            let body: Body<bool> =
+                Box::new(move |w, _| Box::pin(async move { lease::remove(w, id, true).await }));
+            match in_transaction(&pool, deadline, "expire", &[], body).await {
                 Ok(true) => tracing::debug!(lease = %id, "coord-postgres: lease expired"),
                 Ok(false) => {}
                 Err(e) => tracing::debug!(lease = %id, error = %e, "coord-postgres: sweep failed"),
@@ -278,14 +327,8 @@ impl KvLeaseStore for PostgresStore {
         validate::put(&req, &self.inner.config.limits)?;
         self.write(
             "put",
-            Box::new(move |tx| {
-                Box::pin(async move {
-                    let mut w = Writer::begin(tx, "put").await?;
-                    let resp = w.put(&req).await?;
-                    w.finish().await?;
-                    Ok(resp)
-                })
-            }),
+            &[],
+            Box::new(move |w, _| Box::pin(async move { w.put(&req).await })),
         )
         .await
     }
@@ -294,32 +337,20 @@ impl KvLeaseStore for PostgresStore {
         validate::delete(&req)?;
         self.write(
             "delete",
-            Box::new(move |tx| {
-                Box::pin(async move {
-                    let mut w = Writer::begin(tx, "delete").await?;
-                    let mut resp = w.delete(&req).await?;
-                    resp.revision = w.finish().await?;
-                    Ok(resp)
-                })
-            }),
+            &[],
+            Box::new(move |w, _| Box::pin(async move { w.delete(&req).await })),
         )
         .await
     }
 
-    async fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
+    async fn txn(&self, mut req: TxnRequest) -> Result<TxnResponse> {
         validate::txn(&req, &self.inner.config.limits)?;
+        let compares = std::mem::take(&mut req.compares);
         self.write(
             "txn",
-            Box::new(move |tx| {
+            &compares,
+            Box::new(move |w, succeeded| {
                 Box::pin(async move {
-                    let mut w = Writer::begin(tx, "txn").await?;
-                    let mut succeeded = true;
-                    for c in &req.compares {
-                        if !w.compare(c).await? {
-                            succeeded = false;
-                            break;
-                        }
-                    }
                     let branch = if succeeded {
                         &req.success
                     } else {
@@ -342,8 +373,7 @@ impl KvLeaseStore for PostgresStore {
                             TxnOp::Delete(del) => TxnOpResponse::Delete(w.delete(del).await?),
                         });
                     }
-                    let revision = w.finish().await?;
-                    Ok(TxnResponse::new(revision, succeeded, responses))
+                    Ok(TxnResponse::new(w.seen(), succeeded, responses))
                 })
             }),
         )
@@ -363,13 +393,14 @@ impl KvLeaseStore for PostgresStore {
     async fn revoke(&self, id: LeaseId) -> Result<Revision> {
         self.write(
             "revoke",
-            Box::new(move |tx| {
+            &[],
+            Box::new(move |w, _| {
                 Box::pin(async move {
-                    let mut w = Writer::begin(tx, "revoke").await?;
-                    if !lease::remove(&mut w, tx, id, false).await? {
+                    if !lease::remove(w, id, false).await? {
                         return Err(Error::LeaseNotFound { lease: id });
                     }
-                    w.finish().await
+                    // The revision after: the revocation's own, if it deleted keys.
+                    Ok(w.seen())
                 })
             }),
         )
@@ -405,7 +436,10 @@ impl KvLeaseStore for PostgresStore {
     async fn compact(&self, revision: Revision) -> Result<()> {
         self.write(
             "compact",
-            Box::new(move |tx| Box::pin(crate::compact::compact(tx, revision))),
+            &[],
+            Box::new(move |w, _| {
+                Box::pin(async move { crate::compact::compact(w, revision).await })
+            }),
         )
         .await
     }

@@ -16,9 +16,10 @@ use coord_api::{
     Error, Event, EventKind, KeyValue, LeaseId, Result, Revision, WatchRequest, WatchResponse,
     WatchStream,
 };
-use deadpool_postgres::{GenericClient, Pool};
+use deadpool_postgres::Pool;
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
+use tokio_postgres::types::Type;
 use tokio_util::sync::CancellationToken;
 
 use crate::range::{bounds, condition, kv_at};
@@ -123,14 +124,13 @@ pub(crate) async fn current_revision(pool: &Pool) -> Result<Revision> {
         .get()
         .await
         .map_err(|e| crate::error::from_pool("get", e))?;
-    let stmt = c
-        .prepare_cached("SELECT revision FROM coord_meta WHERE id = 1")
+    let rows = c
+        .query_typed("SELECT revision FROM coord_meta WHERE id = 1", &[])
         .await
         .map_err(crate::kv::before("get"))?;
-    let row = c
-        .query_one(&stmt, &[])
-        .await
-        .map_err(crate::kv::before("get"))?;
+    let row = rows
+        .first()
+        .ok_or_else(|| Error::invalid("coord's schema has no meta row"))?;
     Ok(Revision(row.get(0)))
 }
 
@@ -230,9 +230,32 @@ fn stream(
     }
 }
 
+/// How many connections a watch's read tries before the stream ends: a pooled connection the
+/// server killed fails once and is replaced; a server that is down fails them all.
+const READ_TRIES: usize = 3;
+
+/// [`read_once`], on a fresh connection after a failed one.
+async fn read(
+    pool: &Pool,
+    req: &WatchRequest,
+    from: Revision,
+    upto: Revision,
+) -> Result<Result<Vec<Event>>> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match read_once(pool, req, from, upto).await {
+            Err(e) if tries < READ_TRIES => {
+                tracing::debug!(error = %e, "coord-postgres: a watch's read failed; trying again");
+            }
+            answer => return answer,
+        }
+    }
+}
+
 /// The events of revisions `from..=upto` under the watch's range, in order; the inner error
 /// is `Compacted` when `from` is below the compaction point.
-async fn read(
+async fn read_once(
     pool: &Pool,
     req: &WatchRequest,
     from: Revision,
@@ -251,11 +274,26 @@ async fn read(
          WHERE m.id = 1 ORDER BY h.revision, h.seq",
         condition("key", 1, 2)
     );
-    let stmt = c.prepare_cached(&sql).await.map_err(closed)?;
-    let rows = c
-        .query(&stmt, &[&lo, &hi, &from.get(), &upto.get(), &req.prev_kv])
+    let rows = match c
+        .query_typed(
+            &sql,
+            &[
+                (&lo, Type::BYTEA),
+                (&hi, Type::BYTEA),
+                (&from.get(), Type::INT8),
+                (&upto.get(), Type::INT8),
+                (&req.prev_kv, Type::BOOL),
+            ],
+        )
         .await
-        .map_err(closed)?;
+    {
+        Ok(rows) => rows,
+        Err(e) => {
+            // Not back into the pool: the next try gets a connection that works.
+            drop(deadpool_postgres::Object::take(c));
+            return Err(closed(e));
+        }
+    };
     let compact = Revision(rows.first().map_or(0, |r| r.get(0)));
     if from < compact {
         return Ok(Err(Error::Compacted {

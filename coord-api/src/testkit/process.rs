@@ -81,7 +81,12 @@ pub fn spawn(cmd: Command) -> io::Result<Child> {
 /// Removes `<temp>/<prefix><pid>-*` directories whose process `pid` is gone: what a killed test
 /// process left. A directory whose pid is alive is left alone, even if the pid was reused.
 pub fn remove_orphaned_dirs(prefix: &str) {
-    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+    remove_orphaned_dirs_in(&std::env::temp_dir(), prefix);
+}
+
+/// [`remove_orphaned_dirs`] under `parent` instead of the temporary directory.
+pub fn remove_orphaned_dirs_in(parent: &std::path::Path, prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
         return;
     };
     for entry in entries.flatten() {
