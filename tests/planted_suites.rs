@@ -15,6 +15,9 @@
 //!   with a key its failed resignation left; the chaos nodes meet that rarely (9 of 10,000
 //!   seeds when first seen), the recipe case
 //!   `candidate::a_candidate_stopped_resting_after_a_failed_resignation_resigns` every time.
+//! - `postgres-revision-from-a-sequence` makes `PostgresStore` take revisions from a
+//!   sequence, unlocked: only writers racing on a real server commit out of revision order,
+//!   and a watch then misses a write (`postgres/ordering.rs`).
 //!
 //! Built only with `--features planted-bugs` (coord-api then compiles its planted defects in,
 //! all off); a bug is switched on process-wide, so this binary holds one test, and each suite
@@ -27,6 +30,8 @@ mod bare;
 #[path = "members/cluster.rs"]
 mod cluster;
 // What a passing run covered goes unread here.
+#[path = "postgres/ordering.rs"]
+mod postgres_ordering;
 #[allow(dead_code)]
 #[path = "differential/sequences.rs"]
 mod sequences;
@@ -86,12 +91,24 @@ fn candidate_stop_resting() -> bool {
     .is_ok()
 }
 
+fn postgres_ordering() -> bool {
+    catch_unwind(AssertUnwindSafe(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(postgres_ordering::concurrent_writes_reach_a_watch_in_revision_order())
+    }))
+    .is_ok()
+}
+
 /// A bug, the suite that must catch it, and a run of that suite (true: it passed).
 type Hunt = (Bug, &'static str, fn() -> bool);
 
 #[test]
 fn each_planted_bug_is_caught_by_its_suite() {
-    let hunts: [Hunt; 4] = [
+    let hunts: [Hunt; 5] = [
         (
             Bug::FailoverStaysOnNoLeader,
             "the bare-request case",
@@ -111,6 +128,11 @@ fn each_planted_bug_is_caught_by_its_suite() {
             Bug::CandidateRestForgetsItsKey,
             "the recipe case stopping a candidate resting after a failed resignation",
             candidate_stop_resting,
+        ),
+        (
+            Bug::PostgresRevisionFromSequence,
+            "the concurrent writers' reads and watch on real PostgreSQL",
+            postgres_ordering,
         ),
     ];
     let mut missed = Vec::new();

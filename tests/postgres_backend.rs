@@ -9,6 +9,15 @@ use coord_api::{Error, KvLeaseStore, KvLeaseStoreExt, PutRequest, WatchRequest};
 use coord_postgres::testing::PostgresServer;
 use futures::StreamExt;
 
+#[path = "postgres/ordering.rs"]
+mod ordering;
+
+/// Four writers at once, one watch: every write, once, in revision order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_reach_a_watch_in_revision_order() {
+    ordering::concurrent_writes_reach_a_watch_in_revision_order().await;
+}
+
 /// A write retried until it is known to have applied: `Unavailable` is safe to retry, and an
 /// `Indeterminate` put is re-read before it is sent again.
 async fn put_surely(store: &dyn KvLeaseStore, key: &str, value: &str) {

@@ -11,13 +11,17 @@ use coord_api::recipes::{
     ClusterEvent, ClusterWatcher, ClusterWatcherConfig, Election, HostRegistration, Leadership,
     RegistrationConfig, RegistrationStatus, Session, SessionConfig,
 };
-use coord_api::testkit::recipes::{Case, Client, Control, Fixture};
+use coord_api::testkit::recipes::{Case, Client, Fixture};
 use coord_api::testkit::{eventually, within};
 use coord_api::{DynKvLeaseStore, KvLeaseStore, KvLeaseStoreExt};
 use coord_etcd::testing::{EtcdCluster, TcpProxy};
 use coord_etcd::{EtcdConfig, EtcdStore};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+
+#[path = "recipes/proxy_control.rs"]
+mod proxy_control;
+use proxy_control::ProxyControl;
 
 struct EtcdFixture {
     cluster: EtcdCluster,
@@ -51,39 +55,6 @@ impl EtcdFixture {
                 .expect("connect through the proxy"),
         );
         (store, proxy)
-    }
-}
-
-struct ProxyControl(Arc<TcpProxy>);
-
-#[coord_api::async_trait]
-impl Control for ProxyControl {
-    async fn close_streams(&self) {
-        self.0.close_connections();
-    }
-
-    fn cut_off(&self, on: bool) {
-        if on {
-            self.0.blackhole();
-        } else {
-            self.0.heal();
-        }
-    }
-
-    fn delay_requests(&self, by: Duration) {
-        if by.is_zero() {
-            self.0.heal();
-        } else {
-            self.0.delay(by);
-        }
-    }
-
-    fn hold_in_flight(&self, on: bool) {
-        if on {
-            self.0.hold();
-        } else {
-            self.0.heal();
-        }
     }
 }
 

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use coord_api::testkit::recipes::{Case, Client, Control, Fixture};
+use coord_api::testkit::recipes::{Case, Client, Fixture};
 use coord_api::DynKvLeaseStore;
 use coord_etcd::testing::TcpProxy;
 use coord_postgres::testing::PostgresServer;
@@ -15,6 +15,10 @@ use coord_postgres::{PostgresConfig, PostgresStore};
 
 const TTL: Duration = Duration::from_secs(2);
 const SLACK: Duration = Duration::from_secs(1);
+
+#[path = "recipes/proxy_control.rs"]
+mod proxy_control;
+use proxy_control::ProxyControl;
 
 struct PostgresFixture {
     server: PostgresServer,
@@ -54,39 +58,6 @@ impl PostgresFixture {
                 .expect("connect through the proxy"),
         );
         (store, proxy)
-    }
-}
-
-struct ProxyControl(Arc<TcpProxy>);
-
-#[coord_api::async_trait]
-impl Control for ProxyControl {
-    async fn close_streams(&self) {
-        self.0.close_connections();
-    }
-
-    fn cut_off(&self, on: bool) {
-        if on {
-            self.0.blackhole();
-        } else {
-            self.0.heal();
-        }
-    }
-
-    fn delay_requests(&self, by: Duration) {
-        if by.is_zero() {
-            self.0.heal();
-        } else {
-            self.0.delay(by);
-        }
-    }
-
-    fn hold_in_flight(&self, on: bool) {
-        if on {
-            self.0.hold();
-        } else {
-            self.0.heal();
-        }
     }
 }
 

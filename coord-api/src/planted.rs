@@ -120,11 +120,16 @@ pub enum Bug {
     /// stops a candidate resting after a failed resignation (coord-tests'
     /// `planted_suites`).
     CandidateRestForgetsItsKey,
+    /// `PostgresStore` takes each write's revision from a sequence instead of under the
+    /// writers' lock (kine's and many outbox tables' mistake): two writers commit out of
+    /// revision order, and a watch that has read up to the later revision never sees the
+    /// earlier one. Caught by coord-tests' concurrent writers' watch (`planted_suites`).
+    PostgresRevisionFromSequence,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 27] = [
+    pub const ALL: [Bug; 28] = [
         Bug::CampaignSkipsOwnKeyCheck,
         Bug::WatcherResumesFromNow,
         Bug::WatcherIgnoresCompaction,
@@ -152,6 +157,7 @@ impl Bug {
         Bug::CandidateStopWaitsOutItsWork,
         Bug::CandidateStopLeavesItsQueuedKey,
         Bug::CandidateRestForgetsItsKey,
+        Bug::PostgresRevisionFromSequence,
     ];
 
     /// A stable name for command lines and reports.
@@ -184,6 +190,7 @@ impl Bug {
             Bug::CandidateStopWaitsOutItsWork => "candidate-stop-waits-out-its-work",
             Bug::CandidateStopLeavesItsQueuedKey => "candidate-stop-leaves-its-queued-key",
             Bug::CandidateRestForgetsItsKey => "candidate-rest-forgets-its-key",
+            Bug::PostgresRevisionFromSequence => "postgres-revision-from-a-sequence",
         }
     }
 

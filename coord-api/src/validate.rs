@@ -190,3 +190,49 @@ mod tests {
         assert!(election_name("jobs/leader").is_ok());
     }
 }
+
+/// Checks a read at revision `requested` against a store at `current` whose history starts at
+/// `compact_revision` (for backends, with their own state's figures; 0 reads the latest).
+///
+/// # Errors
+/// [`Compacted`](Error::Compacted) below the compaction point;
+/// [`FutureRevision`](Error::FutureRevision) above the current revision.
+pub fn read_revision(
+    requested: Revision,
+    current: Revision,
+    compact_revision: Revision,
+) -> Result<()> {
+    if requested > 0 && requested < compact_revision {
+        return Err(Error::Compacted {
+            requested,
+            compact_revision,
+        });
+    }
+    if requested > current {
+        return Err(Error::FutureRevision { requested, current });
+    }
+    Ok(())
+}
+
+/// Checks a compaction at `requested` against a store at `current` already compacted at
+/// `compact_revision`.
+///
+/// # Errors
+/// [`Compacted`](Error::Compacted) at or below the compaction point;
+/// [`FutureRevision`](Error::FutureRevision) above the current revision.
+pub fn compaction(
+    requested: Revision,
+    current: Revision,
+    compact_revision: Revision,
+) -> Result<()> {
+    if requested <= compact_revision {
+        return Err(Error::Compacted {
+            requested,
+            compact_revision,
+        });
+    }
+    if requested > current {
+        return Err(Error::FutureRevision { requested, current });
+    }
+    Ok(())
+}

@@ -1,7 +1,7 @@
 //! Compaction: history below the compaction point is dropped, except each key's value as of
 //! the point, which reads at the point (and a watch's previous values) still need.
 
-use coord_api::{Error, Result, Revision};
+use coord_api::{Result, Revision};
 use tokio_postgres::types::Type;
 
 use crate::kv::{before, Writer};
@@ -11,18 +11,7 @@ use crate::kv::{before, Writer};
 pub(crate) async fn compact(w: &Writer<'_>, revision: Revision) -> Result<()> {
     let meta = w.meta();
     let c = w.client();
-    if revision <= meta.compact_revision {
-        return Err(Error::Compacted {
-            requested: revision,
-            compact_revision: meta.compact_revision,
-        });
-    }
-    if revision > meta.revision {
-        return Err(Error::FutureRevision {
-            requested: revision,
-            current: meta.revision,
-        });
-    }
+    coord_api::validate::compaction(revision, meta.revision, meta.compact_revision)?;
     // A row below the point goes if it is a tombstone or a later row at or below the point
     // replaces it.
     let at = [(

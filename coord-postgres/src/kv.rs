@@ -24,19 +24,7 @@ pub(crate) struct Meta {
 impl Meta {
     /// Refuses a read at a revision compacted away or not yet written.
     pub(crate) fn check_read(&self, rev: Revision) -> Result<()> {
-        if rev > 0 && rev < self.compact_revision {
-            return Err(Error::Compacted {
-                requested: rev,
-                compact_revision: self.compact_revision,
-            });
-        }
-        if rev > self.revision {
-            return Err(Error::FutureRevision {
-                requested: rev,
-                current: self.revision,
-            });
-        }
-        Ok(())
+        coord_api::validate::read_revision(rev, self.revision, self.compact_revision)
     }
 }
 
@@ -110,6 +98,15 @@ pub(crate) async fn get(c: &Client, req: &GetRequest) -> Result<GetResponse> {
 /// commit no other writer runs.
 const LOCK_META: &str = "SELECT revision, compact_revision FROM coord_meta WHERE id = 1 FOR UPDATE";
 
+/// The planted bug [`PostgresRevisionFromSequence`](coord_api::planted::Bug): the pending
+/// revision from a sequence, and no lock until the revision is written at commit.
+const UNLOCKED_FROM_A_SEQUENCE: &str = "SELECT nextval('coord_planted_revision') - 1, \
+     compact_revision FROM coord_meta WHERE id = 1";
+
+pub(crate) fn from_a_sequence() -> bool {
+    coord_api::planted::enabled(coord_api::planted::Bug::PostgresRevisionFromSequence)
+}
+
 fn meta_of(row: &tokio_postgres::Row) -> Meta {
     Meta {
         revision: Revision(row.get(0)),
@@ -165,9 +162,14 @@ impl<'c> Writer<'c> {
             }
         });
         // Polled in order, so sent in order: the reads run after the lock is taken.
+        let lock = if from_a_sequence() {
+            UNLOCKED_FROM_A_SEQUENCE
+        } else {
+            LOCK_META
+        };
         let (began, locked, read) = futures::join!(
             c.batch_execute("BEGIN"),
-            c.query_typed(LOCK_META, &[]),
+            c.query_typed(lock, &[]),
             futures::future::join_all(reads)
         );
         began.map_err(&fail)?;
@@ -344,8 +346,13 @@ impl<'c> Writer<'c> {
             return Ok(revision);
         }
         // Our own integer, inlined: the simple protocol takes several statements at once.
+        let advance = if from_a_sequence() {
+            format!("GREATEST(revision, {})", revision.get())
+        } else {
+            revision.get().to_string()
+        };
         let sql = format!(
-            "UPDATE coord_meta SET revision = {r} WHERE id = 1; \
+            "UPDATE coord_meta SET revision = {advance} WHERE id = 1; \
              SELECT pg_notify('coord_revision', '{r}'); COMMIT",
             r = revision.get()
         );

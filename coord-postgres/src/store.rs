@@ -84,6 +84,18 @@ impl PostgresStore {
         let found = schema::migrate(&mut client)
             .await
             .map_err(|e| from_pg("migrate", Stage::Before, e))?;
+        if crate::kv::from_a_sequence() {
+            // The planted bug's sequence, ahead of every revision written so far.
+            client
+                .batch_execute(
+                    "CREATE SEQUENCE IF NOT EXISTS coord_planted_revision; \
+                     SELECT setval('coord_planted_revision', \
+                       greatest(revision, nextval('coord_planted_revision'))) \
+                     FROM coord_meta WHERE id = 1",
+                )
+                .await
+                .map_err(|e| from_pg("migrate", Stage::Before, e))?;
+        }
         drop(client);
         let _ = driver.await;
         if found > schema::VERSION {

@@ -210,19 +210,7 @@ impl State {
     // ---- reads -------------------------------------------------------------------------
 
     fn check_read_revision(&self, rev: Revision) -> Result<()> {
-        if rev > 0 && rev < self.compact_revision {
-            return Err(Error::Compacted {
-                requested: rev,
-                compact_revision: self.compact_revision,
-            });
-        }
-        if rev > self.revision {
-            return Err(Error::FutureRevision {
-                requested: rev,
-                current: self.revision,
-            });
-        }
-        Ok(())
+        coord_api::validate::read_revision(rev, self.revision, self.compact_revision)
     }
 
     fn versions_in<'a>(
@@ -919,18 +907,7 @@ impl State {
     /// Discards history before `rev`.
     pub fn compact(&mut self, now: Instant, rev: Revision) -> Result<()> {
         self.expire(now);
-        if rev <= self.compact_revision {
-            return Err(Error::Compacted {
-                requested: rev,
-                compact_revision: self.compact_revision,
-            });
-        }
-        if rev > self.revision {
-            return Err(Error::FutureRevision {
-                requested: rev,
-                current: self.revision,
-            });
-        }
+        coord_api::validate::compaction(rev, self.revision, self.compact_revision)?;
         self.compact_revision = rev;
         self.record(|| Entry::Compact { revision: rev });
         self.keys.retain(|versions| {
