@@ -147,50 +147,6 @@ pub fn election_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::request::DeleteRequest;
-
-    #[test]
-    fn ttl_rounds_up_to_seconds_and_respects_the_minimum() {
-        let l = Limits::ETCD_DEFAULTS;
-        assert_eq!(
-            granted_ttl(Duration::from_millis(1), &l),
-            Duration::from_secs(2)
-        );
-        assert_eq!(
-            granted_ttl(Duration::from_millis(4100), &l),
-            Duration::from_secs(5)
-        );
-        assert_eq!(
-            granted_ttl(Duration::from_secs(7), &l),
-            Duration::from_secs(7)
-        );
-    }
-
-    #[test]
-    fn a_branch_may_not_put_a_key_it_also_deletes() {
-        let l = Limits::ETCD_DEFAULTS;
-        let t = TxnRequest::new().and_then([
-            TxnOp::Delete(DeleteRequest::prefix("a/")),
-            TxnOp::Put(PutRequest::new("a/x", "1")),
-        ]);
-        assert!(matches!(txn(&t, &l), Err(Error::InvalidArgument { .. })));
-        let ok = TxnRequest::new()
-            .and_then([PutRequest::new("a", "1")])
-            .or_else([PutRequest::new("a", "2")]);
-        assert!(txn(&ok, &l).is_ok());
-    }
-
-    #[test]
-    fn names_that_would_split_the_queue_are_refused() {
-        assert!(election_name("").is_err());
-        assert!(election_name("jobs/").is_err());
-        assert!(election_name("jobs/leader").is_ok());
-    }
-}
-
 /// Checks a read at revision `requested` against a store at `current` whose history starts at
 /// `compact_revision` (for backends, with their own state's figures; 0 reads the latest).
 ///
@@ -235,4 +191,48 @@ pub fn compaction(
         return Err(Error::FutureRevision { requested, current });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::DeleteRequest;
+
+    #[test]
+    fn ttl_rounds_up_to_seconds_and_respects_the_minimum() {
+        let l = Limits::ETCD_DEFAULTS;
+        assert_eq!(
+            granted_ttl(Duration::from_millis(1), &l),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            granted_ttl(Duration::from_millis(4100), &l),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            granted_ttl(Duration::from_secs(7), &l),
+            Duration::from_secs(7)
+        );
+    }
+
+    #[test]
+    fn a_branch_may_not_put_a_key_it_also_deletes() {
+        let l = Limits::ETCD_DEFAULTS;
+        let t = TxnRequest::new().and_then([
+            TxnOp::Delete(DeleteRequest::prefix("a/")),
+            TxnOp::Put(PutRequest::new("a/x", "1")),
+        ]);
+        assert!(matches!(txn(&t, &l), Err(Error::InvalidArgument { .. })));
+        let ok = TxnRequest::new()
+            .and_then([PutRequest::new("a", "1")])
+            .or_else([PutRequest::new("a", "2")]);
+        assert!(txn(&ok, &l).is_ok());
+    }
+
+    #[test]
+    fn names_that_would_split_the_queue_are_refused() {
+        assert!(election_name("").is_err());
+        assert!(election_name("jobs/").is_err());
+        assert!(election_name("jobs/leader").is_ok());
+    }
 }

@@ -1,17 +1,20 @@
 //! The tables, created and migrated on connect, one numbered step at a time.
 //!
-//! * `coord_meta`: one row, the store's revision and compaction point. Every writing
+//! * `coord_meta`: one row, the store's revision, its compaction point and the point below
+//!   which history rows are gone (`compact.rs` says why the two differ). Every writing
 //!   transaction locks it first, so writers take revisions one after another and commit in
 //!   revision order: a reader that sees revision R sees every write up to R, with no gaps.
 //! * `coord_kv`: each live key as it is now.
 //! * `coord_history`: every write of every key (tombstones for deletes), by revision: reads at
 //!   a past revision and watches both read it; compaction trims it.
 //! * `coord_lease`: leases, with the deadline the server's own clock set.
+//! * `coord_compaction`: the compactions whose rows are not yet gone, and when each was made.
 
 use tokio_postgres::Client;
 
 /// The migrations, in order; the schema's version is how many have run.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE coord_meta (
     id smallint PRIMARY KEY CHECK (id = 1),
     revision bigint NOT NULL,
@@ -45,7 +48,15 @@ CREATE TABLE coord_lease (
     expires_at timestamptz NOT NULL
 );
 CREATE INDEX coord_lease_expiry ON coord_lease (expires_at);
-"#];
+"#,
+    r#"
+ALTER TABLE coord_meta ADD COLUMN purged_revision bigint NOT NULL DEFAULT 0;
+CREATE TABLE coord_compaction (
+    revision bigint PRIMARY KEY,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+"#,
+];
 
 /// How many migrations this build knows: the schema version it writes.
 pub(crate) const VERSION: usize = MIGRATIONS.len();

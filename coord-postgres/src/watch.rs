@@ -143,12 +143,13 @@ pub(crate) struct Source {
 
 /// Opens a watch from `start` (the revision after the current one when `None`).
 pub(crate) async fn open(source: Source, req: WatchRequest) -> Result<WatchStream> {
-    let start = match req.start_revision.filter(|r| *r > 0) {
-        Some(r) => r,
-        None => current_revision(&source.pool).await?.next(),
-    };
+    let now = current_revision(&source.pool).await?;
+    let start = req.start_revision.filter(|r| *r > 0).unwrap_or(now.next());
+    // A watch from the future is up to date from the start, as etcd's is; one from the past
+    // catches up first.
+    let synced = start > now;
     let (progress_tx, progress_rx) = mpsc::unbounded_channel::<()>();
-    let batches = stream(source, req, start, progress_rx);
+    let batches = stream(source, req, start, synced, progress_rx);
     Ok(WatchStream::new(batches, move || {
         progress_tx.send(()).map_err(|_| Error::StreamClosed {
             stream: "watch",
@@ -168,6 +169,7 @@ fn stream(
     source: Source,
     req: WatchRequest,
     start: Revision,
+    synced: bool,
     mut progress: mpsc::UnboundedReceiver<()>,
 ) -> impl futures::Stream<Item = Result<WatchResponse>> + Send + 'static {
     let Source {
@@ -178,6 +180,9 @@ fn stream(
     let req = Arc::new(req);
     async_stream::stream! {
         let mut next = start;
+        // Whether a read has brought the watch up to date once: from then on it is owed every
+        // event, as etcd's synced watchers are, even past a compaction (see `read_once`).
+        let mut synced = synced;
         let mut answer_progress = false;
         loop {
             let upto = Revision(*known.borrow_and_update());
@@ -191,9 +196,10 @@ fn stream(
                     upto
                 };
                 if upto >= next {
-                    match read(&pool, &req, next, upto).await {
+                    match read(&pool, &req, next, upto, synced).await {
                         Ok(Ok(events)) => {
                             next = upto.next();
+                            synced = true;
                             if !events.is_empty() {
                                 yield Ok(WatchResponse::new(upto, events));
                             }
@@ -240,11 +246,12 @@ async fn read(
     req: &WatchRequest,
     from: Revision,
     upto: Revision,
+    synced: bool,
 ) -> Result<Result<Vec<Event>>> {
     let mut tries = 0;
     loop {
         tries += 1;
-        match read_once(pool, req, from, upto).await {
+        match read_once(pool, req, from, upto, synced).await {
             Err(e) if tries < READ_TRIES => {
                 tracing::debug!(error = %e, "coord-postgres: a watch's read failed; trying again");
             }
@@ -253,24 +260,36 @@ async fn read(
     }
 }
 
-/// The events of revisions `from..=upto` under the watch's range, in order; the inner error
-/// is `Compacted` when `from` is below the compaction point.
+/// The events of revisions `from..=upto` under the watch's range, in order.
+///
+/// The inner error is `Compacted` when `from` is below the compaction point, for a watch
+/// that has not read yet (a watch from the past is all or nothing, as etcd's); a synced watch
+/// reads on while the rows are there, which compaction keeps until the next compaction
+/// (`compact.rs`): only one that fell that far behind is compacted, as a slow etcd watcher is.
+/// A watch catching up loses a previous value the compaction made unreadable, as etcd's
+/// catch-up reads do; a synced watch keeps it, as etcd sent it to such a watch when the
+/// write was made.
 async fn read_once(
     pool: &Pool,
     req: &WatchRequest,
     from: Revision,
     upto: Revision,
+    synced: bool,
 ) -> Result<Result<Vec<Event>>> {
     let c = pool.get().await.map_err(closed)?;
     let (lo, hi) = bounds(&req.range);
     let sql = format!(
         "SELECT m.compact_revision, h.revision, h.deleted, h.key, h.value, h.create_revision, \
          h.revision, h.version, h.lease, p.key, p.value, p.create_revision, p.revision, \
-         p.version, p.lease, p.deleted \
+         p.version, p.lease, p.deleted, m.purged_revision \
          FROM coord_meta m LEFT JOIN LATERAL (SELECT * FROM coord_history \
          WHERE revision >= $3 AND revision <= $4 AND {}) h ON true \
          LEFT JOIN LATERAL (SELECT * FROM coord_history p WHERE $5 AND p.key = h.key \
-         AND p.revision < h.revision ORDER BY p.revision DESC, p.seq DESC LIMIT 1) p ON true \
+         AND p.revision < h.revision ORDER BY p.revision DESC, p.seq DESC LIMIT 1) p \
+         ON $6 OR p.revision >= m.compact_revision \
+         OR NOT (p.deleted OR EXISTS \
+         (SELECT 1 FROM coord_history n WHERE n.key = p.key AND n.revision > p.revision \
+         AND n.revision <= m.compact_revision)) \
          WHERE m.id = 1 ORDER BY h.revision, h.seq",
         condition("key", 1, 2)
     );
@@ -283,6 +302,7 @@ async fn read_once(
                 (&from.get(), Type::INT8),
                 (&upto.get(), Type::INT8),
                 (&req.prev_kv, Type::BOOL),
+                (&synced, Type::BOOL),
             ],
         )
         .await
@@ -295,7 +315,8 @@ async fn read_once(
         }
     };
     let compact = Revision(rows.first().map_or(0, |r| r.get(0)));
-    if from < compact {
+    let purged = Revision(rows.first().map_or(0, |r| r.get(16)));
+    if from < if synced { purged } else { compact } {
         return Ok(Err(Error::Compacted {
             requested: from,
             compact_revision: compact,

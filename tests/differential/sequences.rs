@@ -1,5 +1,6 @@
 //! The differential test's sequences: generated operations run on `SimStore` and on a real
-//! etcd, compared after normalising what legitimately differs (see `differential_etcd.rs`).
+//! store (etcd, or PostgreSQL through `PostgresStore`), compared after normalising what
+//! legitimately differs (see `differential_etcd.rs`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -10,6 +11,7 @@ use coord_api::{
     TxnOpResponse, TxnRequest, WatchRequest, WatchResponse, WatchStream,
 };
 use coord_etcd::testing::EtcdCluster;
+use coord_postgres::testing::PostgresServer;
 use coord_sim::SimStore;
 use futures::StreamExt;
 use proptest::prelude::*;
@@ -818,16 +820,47 @@ pub(crate) struct Covered {
 /// Runs `cases` generated sequences on a fresh `SimStore` each and on one real etcd (started
 /// here), drawing them from `rng`; the first divergence, shrunk (up to `shrink` steps) to a
 /// minimal sequence, with both sides' outcomes, or what the run covered.
+#[allow(dead_code)] // Each test binary that includes this module runs one of the two.
 pub(crate) fn sim_and_etcd_agree(cases: u32, rng: TestRng, shrink: u32) -> Result<Covered, String> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let rt = runtime();
     let cluster = rt
         .block_on(EtcdCluster::single())
         .unwrap_or_else(|e| panic!("cannot start etcd: {e}"));
     let etcd = rt.block_on(cluster.store());
+    sim_and_store_agree(&rt, &etcd, "etcd", cases, rng, shrink)
+}
+
+/// As [`sim_and_etcd_agree`], on one PostgreSQL server (started here) through `PostgresStore`.
+#[allow(dead_code)] // Each test binary that includes this module runs one of the two.
+pub(crate) fn sim_and_postgres_agree(
+    cases: u32,
+    rng: TestRng,
+    shrink: u32,
+) -> Result<Covered, String> {
+    let rt = runtime();
+    let server = rt
+        .block_on(PostgresServer::start())
+        .unwrap_or_else(|e| panic!("cannot start PostgreSQL: {e}"));
+    let store = rt.block_on(server.store());
+    sim_and_store_agree(&rt, &store, "postgres", cases, rng, shrink)
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+fn sim_and_store_agree(
+    rt: &tokio::runtime::Runtime,
+    etcd: &dyn KvLeaseStore,
+    side: &str,
+    cases: u32,
+    rng: TestRng,
+    shrink: u32,
+) -> Result<Covered, String> {
     let sequence = AtomicU64::new(0);
     let ops_run = AtomicU64::new(0);
     let (txns, prefix_txns) = (AtomicU64::new(0), AtomicU64::new(0));
@@ -856,12 +889,12 @@ pub(crate) fn sim_and_etcd_agree(cases: u32, rng: TestRng, shrink: u32) -> Resul
         let (sim_out, etcd_out) = rt.block_on(async {
             let sim = SimStore::new();
             let a = run_sequence(&sim, prefix.clone(), &ops).await;
-            let b = run_sequence(&etcd, prefix, &ops).await;
+            let b = run_sequence(etcd, prefix, &ops).await;
             (a, b)
         });
         if let Some(first) = divergence(&sim_out, &etcd_out) {
             return Err(TestCaseError::fail(format!(
-                "sim and etcd diverge at outcome {first}:\n  sim:  {:?}\n  etcd: {:?}",
+                "sim and {side} diverge at outcome {first}:\n  sim:  {:?}\n  {side}: {:?}",
                 sim_out.get(first),
                 etcd_out.get(first)
             )));
