@@ -127,6 +127,8 @@ pub(crate) struct Writer<'c> {
     /// Events written so far at the pending revision; their order within it.
     seq: i32,
     operation: &'static str,
+    /// The revision committed with the last write ([`put_last`](Self::put_last)), if so.
+    committed: Option<Revision>,
 }
 
 impl<'c> Writer<'c> {
@@ -194,6 +196,7 @@ impl<'c> Writer<'c> {
             meta,
             seq: 0,
             operation,
+            committed: None,
         };
         Ok((w, held))
     }
@@ -238,10 +241,21 @@ impl<'c> Writer<'c> {
     /// past its deadline that no sweep has removed yet still exists, as in etcd until its
     /// lessor revokes it).
     pub(crate) async fn put(&mut self, req: &PutRequest) -> Result<PutResponse> {
+        self.put_then(req, false).await
+    }
+
+    /// [`put`](Self::put) as the transaction's last write, sent with the commit: one round
+    /// trip for both. A lease not found fails the put inside the server, which aborts the
+    /// transaction, so the commit sent behind it commits nothing.
+    pub(crate) async fn put_last(&mut self, req: &PutRequest) -> Result<PutResponse> {
+        self.put_then(req, true).await
+    }
+
+    async fn put_then(&mut self, req: &PutRequest, commit: bool) -> Result<PutResponse> {
         let lease = req.lease.unwrap_or(LeaseId::NONE);
         let sql = format!(
             "WITH prev AS (SELECT {KV_COLUMNS} FROM coord_kv WHERE key = $1), \
-             ok AS (SELECT $4 = 0 OR EXISTS (SELECT 1 FROM coord_lease WHERE id = $4) AS lease_ok), \
+             ok AS (SELECT coord_require_lease($4) AS lease_ok), \
              up AS (INSERT INTO coord_kv AS k ({KV_COLUMNS}) \
                SELECT $1, $2, $3, $3, 1, $4 FROM ok WHERE lease_ok \
                ON CONFLICT (key) DO UPDATE SET value = $2, mod_revision = $3, \
@@ -252,20 +266,36 @@ impl<'c> Writer<'c> {
              SELECT ok.lease_ok, p.key, p.value, p.create_revision, p.mod_revision, p.version, \
              p.lease FROM ok LEFT JOIN prev p ON true"
         );
-        let rows = self
-            .c
-            .query_typed(
-                &sql,
-                &[
-                    (&req.key.as_ref(), Type::BYTEA),
-                    (&req.value.as_ref(), Type::BYTEA),
-                    (&self.pending(), Type::INT8),
-                    (&lease.0, Type::INT8),
-                    (&self.seq, Type::INT4),
-                ],
-            )
-            .await
-            .map_err(self.fail())?;
+        let revision = Revision(self.pending());
+        let (key, value, rev) = (req.key.as_ref(), req.value.as_ref(), revision.get());
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 5] = [
+            (&key, Type::BYTEA),
+            (&value, Type::BYTEA),
+            (&rev, Type::INT8),
+            (&lease.0, Type::INT8),
+            (&self.seq, Type::INT4),
+        ];
+        let put = self.c.query_typed(&sql, &params);
+        let (put, committed) = if commit {
+            let sql = self.commit_sql(revision);
+            let (put, committed) = futures::join!(put, self.c.batch_execute(&sql));
+            (put, Some(committed))
+        } else {
+            (put.await, None)
+        };
+        let rows = match put {
+            Ok(rows) => rows,
+            Err(e) if e.code().is_some_and(|c| c.code() == "CL404") => {
+                return Err(Error::LeaseNotFound { lease });
+            }
+            // A commit sent behind a put whose answer was lost may have applied.
+            Err(e) if committed.is_some() => return Err(self.commit_failed(e)),
+            Err(e) => return Err(self.fail()(e)),
+        };
+        if let Some(done) = committed {
+            done.map_err(|e| self.commit_failed(e))?;
+            self.committed = Some(revision);
+        }
         let row = rows.first().ok_or_else(no_meta)?;
         if !row.get::<_, bool>(0) {
             return Err(Error::LeaseNotFound { lease });
@@ -339,25 +369,42 @@ impl<'c> Writer<'c> {
     /// # Errors
     /// As for a commit: `Indeterminate` when the answer is lost.
     pub(crate) async fn commit(self) -> Result<Revision> {
-        let revision = self.seen();
-        let commit = |e| crate::error::from_pg(self.operation, crate::error::Stage::Commit, e);
-        if self.seq == 0 {
-            self.c.batch_execute("COMMIT").await.map_err(commit)?;
+        if let Some(revision) = self.committed {
             return Ok(revision);
         }
+        let revision = self.seen();
+        if self.seq == 0 {
+            self.c
+                .batch_execute("COMMIT")
+                .await
+                .map_err(|e| self.commit_failed(e))?;
+            return Ok(revision);
+        }
+        let sql = self.commit_sql(revision);
+        self.c
+            .batch_execute(&sql)
+            .await
+            .map_err(|e| self.commit_failed(e))?;
+        Ok(revision)
+    }
+
+    /// The statements that make `revision` the store's, tell watchers, and commit.
+    fn commit_sql(&self, revision: Revision) -> String {
         // Our own integer, inlined: the simple protocol takes several statements at once.
         let advance = if from_a_sequence() {
             format!("GREATEST(revision, {})", revision.get())
         } else {
             revision.get().to_string()
         };
-        let sql = format!(
+        format!(
             "UPDATE coord_meta SET revision = {advance} WHERE id = 1; \
              SELECT pg_notify('coord_revision', '{r}'); COMMIT",
             r = revision.get()
-        );
-        self.c.batch_execute(&sql).await.map_err(commit)?;
-        Ok(revision)
+        )
+    }
+
+    fn commit_failed(&self, e: tokio_postgres::Error) -> Error {
+        crate::error::from_pg(self.operation, crate::error::Stage::Commit, e)
     }
 }
 

@@ -56,6 +56,16 @@ CREATE TABLE coord_compaction (
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 "#,
+    r#"
+CREATE FUNCTION coord_require_lease(lease bigint) RETURNS boolean LANGUAGE plpgsql AS $f$
+BEGIN
+    IF lease <> 0 AND NOT EXISTS (SELECT 1 FROM coord_lease WHERE id = lease) THEN
+        RAISE EXCEPTION 'lease % not found', lease USING ERRCODE = 'CL404';
+    END IF;
+    RETURN true;
+END
+$f$;
+"#,
 ];
 
 /// How many migrations this build knows: the schema version it writes.

@@ -340,7 +340,7 @@ impl KvLeaseStore for PostgresStore {
         self.write(
             "put",
             &[],
-            Box::new(move |w, _| Box::pin(async move { w.put(&req).await })),
+            Box::new(move |w, _| Box::pin(async move { w.put_last(&req).await })),
         )
         .await
     }
@@ -378,9 +378,12 @@ impl KvLeaseStore for PostgresStore {
                         }
                     }
                     let mut responses = Vec::with_capacity(branch.len());
-                    for op in branch {
+                    for (i, op) in branch.iter().enumerate() {
+                        let last = i + 1 == branch.len();
                         responses.push(match op {
                             TxnOp::Get(get) => TxnOpResponse::Get(w.get(get).await?),
+                            // The last write goes with the commit: one round trip fewer.
+                            TxnOp::Put(put) if last => TxnOpResponse::Put(w.put_last(put).await?),
                             TxnOp::Put(put) => TxnOpResponse::Put(w.put(put).await?),
                             TxnOp::Delete(del) => TxnOpResponse::Delete(w.delete(del).await?),
                         });
