@@ -16,25 +16,7 @@
 #[path = "differential/sequences.rs"]
 mod sequences;
 
-fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// The run's seed: `COORD_DIFF_SEED`, or a fresh one (each run explores sequences no
-/// earlier one did), printed so that a divergence replays.
-fn seed() -> u64 {
-    std::env::var("COORD_DIFF_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64)
-        })
-}
+use sequences::{cases, seed};
 
 #[test]
 fn sim_and_etcd_agree_on_generated_sequences() {

@@ -915,3 +915,26 @@ pub(crate) fn rng(seed: u64) -> TestRng {
     let bytes: Vec<u8> = (0..4).flat_map(|_| seed.to_le_bytes()).collect();
     TestRng::from_seed(RngAlgorithm::ChaCha, &bytes)
 }
+
+/// The number of sequences: `PROPTEST_CASES`, or `default`.
+#[allow(dead_code)] // Not every test binary that includes this module asks.
+pub(crate) fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The run's seed: `COORD_DIFF_SEED`, or a fresh one (each run explores sequences no
+/// earlier one did), printed by the caller so that a divergence replays.
+#[allow(dead_code)] // Not every test binary that includes this module asks.
+pub(crate) fn seed() -> u64 {
+    std::env::var("COORD_DIFF_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        })
+}
