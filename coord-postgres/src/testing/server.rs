@@ -145,19 +145,16 @@ fn is_root() -> bool {
 }
 
 /// The data directory every server of this process starts from a copy of.
-fn template(bin: &Path, run_as: RunAs) -> Result<PathBuf, HarnessError> {
-    static TEMPLATE: OnceLock<Mutex<Option<PathBuf>>> = OnceLock::new();
-    let mut made = TEMPLATE
-        .get_or_init(|| Mutex::new(None))
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if let Some(dir) = made.as_ref() {
-        return Ok(dir.clone());
+fn template(bin: &Path, run_as: RunAs) -> Result<(PathBuf, TemplateLease), HarnessError> {
+    let mut made = TEMPLATE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(dir) = made.data.clone() {
+        made.live += 1;
+        return Ok((dir, TemplateLease));
     }
     process::remove_orphaned_dirs(DIR_PREFIX);
     process::remove_orphaned_dirs_in(&data_root(), DIR_PREFIX);
-    // On disk: it outlives every server of the process (a killed process's is removed by the
-    // next), and memory is for the copies servers run on.
+    // On disk, and memory for the copies servers run on. It goes with the last server that
+    // uses it (a killed process's is removed by the next process).
     let root = std::env::temp_dir().join(format!("{DIR_PREFIX}{}-template", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root)?;
@@ -183,8 +180,37 @@ fn template(bin: &Path, run_as: RunAs) -> Result<PathBuf, HarnessError> {
             log: String::from_utf8_lossy(&out.stderr).into_owned(),
         });
     }
-    *made = Some(data.clone());
-    Ok(data)
+    made.data = Some(data.clone());
+    made.live += 1;
+    Ok((data, TemplateLease))
+}
+
+/// The template data directory and how many servers hold a lease on it.
+struct Template {
+    data: Option<PathBuf>,
+    live: usize,
+}
+
+static TEMPLATE: Mutex<Template> = Mutex::new(Template {
+    data: None,
+    live: 0,
+});
+
+/// A server's hold on the template: the last one dropped removes it, so a test process
+/// leaves no directory behind.
+#[derive(Debug)]
+struct TemplateLease;
+
+impl Drop for TemplateLease {
+    fn drop(&mut self) {
+        let mut made = TEMPLATE.lock().unwrap_or_else(|p| p.into_inner());
+        made.live -= 1;
+        if made.live == 0 {
+            if let Some(root) = made.data.take().as_deref().and_then(Path::parent) {
+                let _ = std::fs::remove_dir_all(root);
+            }
+        }
+    }
 }
 
 /// A PostgreSQL server of its own for one test; killed (SIGKILL) and removed when dropped.
@@ -195,6 +221,8 @@ pub struct PostgresServer {
     dir: PathBuf,
     port: u16,
     child: Mutex<Option<Child>>,
+    /// Dropped after the server's own `drop` has killed it and removed its copy.
+    _template: TemplateLease,
 }
 
 impl PostgresServer {
@@ -204,7 +232,7 @@ impl PostgresServer {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let bin = postgres_bin_dir()?;
         let run_as = RunAs::find()?;
-        let template = {
+        let (template, lease) = {
             let bin = bin.clone();
             tokio::task::spawn_blocking(move || template(&bin, run_as))
                 .await
@@ -235,6 +263,7 @@ impl PostgresServer {
             dir,
             port: process::free_port()?,
             child: Mutex::new(None),
+            _template: lease,
         };
         server.launch().await?;
         Ok(server)
