@@ -111,3 +111,37 @@ async fn a_store_writes_again_after_the_server_is_killed_and_restarted() {
     put_surely(&store, "k/after", "after").await;
     assert_eq!(store.current_revision().await.unwrap(), before.next());
 }
+
+/// A watch on a quiet key gets its progress notifications (every second on the harness's
+/// servers) while the rest of the store is busy: the writes elsewhere wake the watch, and
+/// must not put its next notification off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_watch_gets_progress_notifications_while_others_write() {
+    let server = PostgresServer::start().await.expect("PostgreSQL");
+    let store = server.store().await;
+    let mut watch = store
+        .watch(WatchRequest::key("quiet").with_progress_notify())
+        .await
+        .expect("a watch");
+    let writer = server.store().await;
+    let busy = tokio::spawn(async move {
+        for i in 0.. {
+            put_surely(&writer, &format!("busy/{i}"), "v").await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    // Three intervals: a notification is due after one; the rest is slack for a loaded machine.
+    let batch = within(
+        Duration::from_secs(3),
+        "a progress notification",
+        watch.next(),
+    )
+    .await
+    .expect("the watch goes on")
+    .expect("a batch");
+    busy.abort();
+    assert!(
+        batch.events.is_empty() && !batch.is_progress_answer(),
+        "the quiet key's watch got {batch:?}"
+    );
+}

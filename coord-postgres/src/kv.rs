@@ -296,10 +296,8 @@ impl<'c> Writer<'c> {
             done.map_err(|e| self.commit_failed(e))?;
             self.committed = Some(revision);
         }
+        // A missing lease never gets here: `coord_require_lease` failed the statement.
         let row = rows.first().ok_or_else(no_meta)?;
-        if !row.get::<_, bool>(0) {
-            return Err(Error::LeaseNotFound { lease });
-        }
         self.seq += 1;
         let prev = kv_at(row, 1);
         Ok(PutResponse::new(
@@ -408,6 +406,6 @@ impl<'c> Writer<'c> {
     }
 }
 
-fn no_meta() -> Error {
+pub(crate) fn no_meta() -> Error {
     Error::invalid("coord's schema has no meta row")
 }

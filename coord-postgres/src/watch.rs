@@ -128,9 +128,7 @@ pub(crate) async fn current_revision(pool: &Pool) -> Result<Revision> {
         .query_typed("SELECT revision FROM coord_meta WHERE id = 1", &[])
         .await
         .map_err(crate::kv::before("get"))?;
-    let row = rows
-        .first()
-        .ok_or_else(|| Error::invalid("coord's schema has no meta row"))?;
+    let row = rows.first().ok_or_else(crate::kv::no_meta)?;
     Ok(Revision(row.get(0)))
 }
 
@@ -184,6 +182,10 @@ fn stream(
         // event, as etcd's synced watchers are, even past a compaction (see `read_once`).
         let mut synced = synced;
         let mut answer_progress = false;
+        // When an idle watch that asked for them gets its next progress notification: a
+        // deadline, not a sleep started on each wake, which writes elsewhere in the store
+        // would keep putting off.
+        let mut notify_at = tokio::time::Instant::now() + progress_interval;
         loop {
             let upto = Revision(*known.borrow_and_update());
             if upto >= next || answer_progress {
@@ -201,6 +203,7 @@ fn stream(
                             next = upto.next();
                             synced = true;
                             if !events.is_empty() {
+                                notify_at = tokio::time::Instant::now() + progress_interval;
                                 yield Ok(WatchResponse::new(upto, events));
                             }
                         }
@@ -227,8 +230,9 @@ fn stream(
                     }
                     answer_progress = true;
                 }
-                _ = tokio::time::sleep(progress_interval), if req.progress_notify => {
+                _ = tokio::time::sleep_until(notify_at), if req.progress_notify => {
                     // Idle for the interval: everything up to `next - 1` has been delivered.
+                    notify_at = tokio::time::Instant::now() + progress_interval;
                     yield Ok(WatchResponse::new(next.prev(), Vec::new()));
                 }
             }
@@ -264,8 +268,8 @@ async fn read(
 ///
 /// The inner error is `Compacted` when `from` is below the compaction point, for a watch
 /// that has not read yet (a watch from the past is all or nothing, as etcd's); a synced watch
-/// reads on while the rows are there, which compaction keeps until the next compaction
-/// (`compact.rs`): only one that fell that far behind is compacted, as a slow etcd watcher is.
+/// reads on while the rows are there, which compaction keeps for a minute (`compact.rs`): only
+/// one that fell that far behind is compacted, as a slow etcd watcher is.
 /// A watch catching up loses a previous value the compaction made unreadable, as etcd's
 /// catch-up reads do; a synced watch keeps it, as etcd sent it to such a watch when the
 /// write was made.
