@@ -18,6 +18,12 @@
 //! - `postgres-revision-from-a-sequence` makes `PostgresStore` take revisions from a
 //!   sequence, unlocked: only writers racing on a real server commit out of revision order,
 //!   and a watch then misses a write (`postgres/ordering.rs`).
+//! - `postgres-watch-fed-by-notifications` drops `PostgresStore`'s poll of the revision: a
+//!   write whose notification was lost while the watching store was cut off never reaches
+//!   its watch (`postgres/notifications.rs`).
+//! - `postgres-retries-an-unknown-commit` sends a transaction again when its commit's answer
+//!   was lost: a commit the server holds past the request timeout applies, and the second
+//!   attempt reports the caller's own create as a failed compare (`postgres/commit.rs`).
 //!
 //! Built only with `--features planted-bugs` (coord-api then compiles its planted defects in,
 //! all off); a bug is switched on process-wide, so this binary holds one test, and each suite
@@ -29,6 +35,10 @@ mod bare;
 #[allow(dead_code)]
 #[path = "members/cluster.rs"]
 mod cluster;
+#[path = "postgres/commit.rs"]
+mod postgres_commit;
+#[path = "postgres/notifications.rs"]
+mod postgres_notifications;
 // What a passing run covered goes unread here.
 #[path = "postgres/ordering.rs"]
 mod postgres_ordering;
@@ -91,16 +101,33 @@ fn candidate_stop_resting() -> bool {
     .is_ok()
 }
 
-fn postgres_ordering() -> bool {
+/// Runs one PostgreSQL case on a runtime of its own; true if it passed.
+fn postgres_case(case: fn() -> futures::future::BoxFuture<'static, ()>) -> bool {
     catch_unwind(AssertUnwindSafe(|| {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .expect("a runtime")
-            .block_on(postgres_ordering::concurrent_writes_reach_a_watch_in_revision_order())
+            .block_on(case())
     }))
     .is_ok()
+}
+
+fn postgres_ordering() -> bool {
+    postgres_case(|| {
+        Box::pin(postgres_ordering::concurrent_writes_reach_a_watch_in_revision_order())
+    })
+}
+
+fn postgres_notifications() -> bool {
+    postgres_case(|| {
+        Box::pin(postgres_notifications::a_write_whose_notification_was_lost_reaches_the_watch())
+    })
+}
+
+fn postgres_commit() -> bool {
+    postgres_case(|| Box::pin(postgres_commit::a_held_commit_is_indeterminate_and_not_sent_again()))
 }
 
 /// A bug, the suite that must catch it, and a run of that suite (true: it passed).
@@ -108,7 +135,7 @@ type Hunt = (Bug, &'static str, fn() -> bool);
 
 #[test]
 fn each_planted_bug_is_caught_by_its_suite() {
-    let hunts: [Hunt; 5] = [
+    let hunts: [Hunt; 7] = [
         (
             Bug::FailoverStaysOnNoLeader,
             "the bare-request case",
@@ -133,6 +160,16 @@ fn each_planted_bug_is_caught_by_its_suite() {
             Bug::PostgresRevisionFromSequence,
             "the concurrent writers' reads and watch on real PostgreSQL",
             postgres_ordering,
+        ),
+        (
+            Bug::PostgresWatchFedByNotifications,
+            "the write whose notification was lost, on real PostgreSQL",
+            postgres_notifications,
+        ),
+        (
+            Bug::PostgresRetriesUnknownCommit,
+            "the commit held past the request timeout, on real PostgreSQL",
+            postgres_commit,
         ),
     ];
     let mut missed = Vec::new();

@@ -9,8 +9,24 @@ use coord_api::{Error, KvLeaseStore, KvLeaseStoreExt, PutRequest, WatchRequest};
 use coord_postgres::testing::PostgresServer;
 use futures::StreamExt;
 
+#[path = "postgres/commit.rs"]
+mod commit;
+#[path = "postgres/notifications.rs"]
+mod notifications;
 #[path = "postgres/ordering.rs"]
 mod ordering;
+
+/// A commit held past the request timeout: `Indeterminate`, applied once, never sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_commit_is_indeterminate_and_not_sent_again() {
+    commit::a_held_commit_is_indeterminate_and_not_sent_again().await;
+}
+
+/// A notification lost while the watching store was cut off costs the poll, not the event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_notification_was_lost_reaches_the_watch() {
+    notifications::a_write_whose_notification_was_lost_reaches_the_watch().await;
+}
 
 /// Four writers at once, one watch: every write, once, in revision order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

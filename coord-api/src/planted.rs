@@ -125,11 +125,21 @@ pub enum Bug {
     /// revision order, and a watch that has read up to the later revision never sees the
     /// earlier one. Caught by coord-tests' concurrent writers' watch (`planted_suites`).
     PostgresRevisionFromSequence,
+    /// `PostgresStore`'s watches learn of new revisions from notifications alone (no poll):
+    /// a notification lost while the listener's connection was down leaves a committed write
+    /// undelivered until some later write wakes the watch. Caught by coord-tests' missed
+    /// notification case (`planted_suites`).
+    PostgresWatchFedByNotifications,
+    /// `PostgresStore` sends a transaction again when the answer to its commit was lost, as
+    /// if it had failed: the first attempt commits after all, and the second, judged against
+    /// it, reports the compare failed (or writes twice). Caught by coord-tests' held-commit
+    /// case (`planted_suites`).
+    PostgresRetriesUnknownCommit,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 28] = [
+    pub const ALL: [Bug; 30] = [
         Bug::CampaignSkipsOwnKeyCheck,
         Bug::WatcherResumesFromNow,
         Bug::WatcherIgnoresCompaction,
@@ -158,6 +168,8 @@ impl Bug {
         Bug::CandidateStopLeavesItsQueuedKey,
         Bug::CandidateRestForgetsItsKey,
         Bug::PostgresRevisionFromSequence,
+        Bug::PostgresWatchFedByNotifications,
+        Bug::PostgresRetriesUnknownCommit,
     ];
 
     /// A stable name for command lines and reports.
@@ -191,6 +203,8 @@ impl Bug {
             Bug::CandidateStopLeavesItsQueuedKey => "candidate-stop-leaves-its-queued-key",
             Bug::CandidateRestForgetsItsKey => "candidate-rest-forgets-its-key",
             Bug::PostgresRevisionFromSequence => "postgres-revision-from-a-sequence",
+            Bug::PostgresWatchFedByNotifications => "postgres-watch-fed-by-notifications",
+            Bug::PostgresRetriesUnknownCommit => "postgres-retries-an-unknown-commit",
         }
     }
 

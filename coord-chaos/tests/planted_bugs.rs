@@ -18,12 +18,14 @@ const SEEDS: u64 = 40;
 /// own failover (every chaos node holds one), a simulator defect only real etcd shows, and a
 /// candidate stopped between terms that forgets the key its failed resignation left (the
 /// chaos nodes meet that in about one seed in a thousand; the recipe case every time).
-const ELSEWHERE: [Bug; 4] = [
+const ELSEWHERE: [Bug; 6] = [
     Bug::FailoverStaysOnNoLeader,
     Bug::SimPrefixCompareChecksLastKey,
     Bug::CandidateRestForgetsItsKey,
-    // A defect of the PostgreSQL backend, which the chaos runs (on the simulator) never use.
+    // Defects of the PostgreSQL backend, which the chaos runs (on the simulator) never use.
     Bug::PostgresRevisionFromSequence,
+    Bug::PostgresWatchFedByNotifications,
+    Bug::PostgresRetriesUnknownCommit,
 ];
 
 /// Where a bug is hunted.

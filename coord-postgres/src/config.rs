@@ -89,6 +89,12 @@ impl PostgresConfig {
         self.request_timeout
     }
 
+    /// How often the store reads the revision itself, beside notifications: the most a lost
+    /// notification costs a watch.
+    pub fn poll_interval(&self) -> Duration {
+        self.poll_interval
+    }
+
     /// What the store accepts and how its time behaves.
     pub fn limits(&self) -> Limits {
         self.limits.clone()

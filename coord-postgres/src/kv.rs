@@ -129,6 +129,9 @@ pub(crate) struct Writer<'c> {
     operation: &'static str,
     /// The revision committed with the last write ([`put_last`](Self::put_last)), if so.
     committed: Option<Revision>,
+    /// Whether `COMMIT` has gone out (with the last write): from then on, a request that
+    /// times out or loses its connection may have applied.
+    commit_sent: bool,
 }
 
 impl<'c> Writer<'c> {
@@ -197,8 +200,14 @@ impl<'c> Writer<'c> {
             seq: 0,
             operation,
             committed: None,
+            commit_sent: false,
         };
         Ok((w, held))
+    }
+
+    /// Whether `COMMIT` may have been sent: a failure from here on may have applied.
+    pub(crate) fn commit_sent(&self) -> bool {
+        self.commit_sent
     }
 
     /// The revision as the transaction's own reads see it: the pending one once it wrote.
@@ -278,6 +287,9 @@ impl<'c> Writer<'c> {
         let put = self.c.query_typed(&sql, &params);
         let (put, committed) = if commit {
             let sql = self.commit_sql(revision);
+            // Set before the first poll sends it: a timeout that cancels this future at any
+            // point after must be reported as possibly applied.
+            self.commit_sent = true;
             let (put, committed) = futures::join!(put, self.c.batch_execute(&sql));
             (put, Some(committed))
         } else {

@@ -232,9 +232,13 @@ async fn in_transaction<T: Send>(
         let (mut w, held) = timeout_at(deadline, Writer::begin(client, operation, compares))
             .await
             .map_err(|_| timed_out(operation, Stage::Before))??;
-        let value = timeout_at(deadline, body(&mut w, held))
-            .await
-            .map_err(|_| timed_out(operation, Stage::Before))??;
+        // The body's last put may carry COMMIT with it (`put_last`): a timeout after that was
+        // sent may have applied.
+        let value = match timeout_at(deadline, body(&mut w, held)).await {
+            Ok(value) => value?,
+            Err(_) if w.commit_sent() => return Err(timed_out(operation, Stage::Commit)),
+            Err(_) => return Err(timed_out(operation, Stage::Before)),
+        };
         timeout_at(deadline, w.commit())
             .await
             .map_err(|_| timed_out(operation, Stage::Commit))??;
@@ -355,44 +359,14 @@ impl KvLeaseStore for PostgresStore {
         .await
     }
 
-    async fn txn(&self, mut req: TxnRequest) -> Result<TxnResponse> {
-        validate::txn(&req, &self.inner.config.limits)?;
-        let compares = std::mem::take(&mut req.compares);
-        self.write(
-            "txn",
-            &compares,
-            Box::new(move |w, succeeded| {
-                Box::pin(async move {
-                    let branch = if succeeded {
-                        &req.success
-                    } else {
-                        &req.failure
-                    };
-                    // A read at a bad revision fails the whole transaction before anything
-                    // is written, as in etcd.
-                    for op in branch {
-                        if let TxnOp::Get(get) = op {
-                            if let Some(rev) = get.revision.filter(|r| *r > 0) {
-                                w.meta().check_read(rev)?;
-                            }
-                        }
-                    }
-                    let mut responses = Vec::with_capacity(branch.len());
-                    for (i, op) in branch.iter().enumerate() {
-                        let last = i + 1 == branch.len();
-                        responses.push(match op {
-                            TxnOp::Get(get) => TxnOpResponse::Get(w.get(get).await?),
-                            // The last write goes with the commit: one round trip fewer.
-                            TxnOp::Put(put) if last => TxnOpResponse::Put(w.put_last(put).await?),
-                            TxnOp::Put(put) => TxnOpResponse::Put(w.put(put).await?),
-                            TxnOp::Delete(del) => TxnOpResponse::Delete(w.delete(del).await?),
-                        });
-                    }
-                    Ok(TxnResponse::new(w.seen(), succeeded, responses))
-                })
-            }),
-        )
-        .await
+    async fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
+        if !coord_api::planted::enabled(coord_api::planted::Bug::PostgresRetriesUnknownCommit) {
+            return self.txn_once(req).await;
+        }
+        match self.txn_once(req.clone()).await {
+            Err(Error::Indeterminate { .. }) => self.txn_once(req).await,
+            done => done,
+        }
     }
 
     async fn grant(&self, ttl: Duration) -> Result<LeaseGrant> {
@@ -477,6 +451,49 @@ impl KvLeaseStore for PostgresStore {
 
     async fn resign(&self, leader: &LeaderKey) -> Result<()> {
         elections::resign(self, leader).await
+    }
+}
+
+impl PostgresStore {
+    /// One transaction, sent once: an unknown outcome is the caller's to resolve.
+    async fn txn_once(&self, mut req: TxnRequest) -> Result<TxnResponse> {
+        validate::txn(&req, &self.inner.config.limits)?;
+        let compares = std::mem::take(&mut req.compares);
+        self.write(
+            "txn",
+            &compares,
+            Box::new(move |w, succeeded| {
+                Box::pin(async move {
+                    let branch = if succeeded {
+                        &req.success
+                    } else {
+                        &req.failure
+                    };
+                    // A read at a bad revision fails the whole transaction before anything
+                    // is written, as in etcd.
+                    for op in branch {
+                        if let TxnOp::Get(get) = op {
+                            if let Some(rev) = get.revision.filter(|r| *r > 0) {
+                                w.meta().check_read(rev)?;
+                            }
+                        }
+                    }
+                    let mut responses = Vec::with_capacity(branch.len());
+                    for (i, op) in branch.iter().enumerate() {
+                        let last = i + 1 == branch.len();
+                        responses.push(match op {
+                            TxnOp::Get(get) => TxnOpResponse::Get(w.get(get).await?),
+                            // The last write goes with the commit: one round trip fewer.
+                            TxnOp::Put(put) if last => TxnOpResponse::Put(w.put_last(put).await?),
+                            TxnOp::Put(put) => TxnOpResponse::Put(w.put(put).await?),
+                            TxnOp::Delete(del) => TxnOpResponse::Delete(w.delete(del).await?),
+                        });
+                    }
+                    Ok(TxnResponse::new(w.seen(), succeeded, responses))
+                })
+            }),
+        )
+        .await
     }
 }
 

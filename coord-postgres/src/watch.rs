@@ -35,6 +35,11 @@ pub(crate) fn advance(known: &watch::Sender<i64>, revision: i64) {
     });
 }
 
+/// The planted bug [`PostgresWatchFedByNotifications`](coord_api::planted::Bug): no poll.
+fn fed_by_notifications() -> bool {
+    coord_api::planted::enabled(coord_api::planted::Bug::PostgresWatchFedByNotifications)
+}
+
 /// Listens for notifications and polls, until `stop`.
 pub(crate) async fn listen(
     pg: tokio_postgres::Config,
@@ -58,8 +63,10 @@ pub(crate) async fn listen(
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tick.tick() => {
-                    if let Ok(r) = current_revision(&pool).await {
-                        advance(&known, r.get());
+                    if !fed_by_notifications() {
+                        if let Ok(r) = current_revision(&pool).await {
+                            advance(&known, r.get());
+                        }
                     }
                     if notifications.is_none() {
                         break;

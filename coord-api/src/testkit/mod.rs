@@ -34,6 +34,7 @@ pub mod kv;
 pub mod lease;
 mod macros;
 pub mod process;
+pub mod proxy;
 pub mod recipes;
 pub mod txn;
 pub mod watch;

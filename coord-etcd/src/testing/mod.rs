@@ -13,7 +13,6 @@
 
 mod cluster;
 mod peer_proxy;
-mod proxy;
 
 pub use cluster::{etcd_binary, EtcdCluster, EtcdClusterBuilder, HarnessError, ServerTls};
-pub use proxy::{ProxyMode, TcpProxy};
+pub use coord_api::testkit::proxy::{ProxyMode, TcpProxy};

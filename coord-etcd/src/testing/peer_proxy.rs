@@ -17,7 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::proxy::{relay, State};
+use coord_api::testkit::proxy;
 
 /// Which member is cut off, shared by every peer proxy of one cluster.
 #[derive(Debug, Clone)]
@@ -123,8 +123,7 @@ async fn forward(
     }
     let mut outbound = TcpStream::connect(target).await?;
     outbound.write_all(&head).await?;
-    // The relay's own modes never change here; the connection ends when it is judged cut.
-    let (_pass, modes) = watch::channel(State::pass());
+    // The connection ends when it is judged cut.
     let judged_cut = async {
         while changes.changed().await.is_ok() {
             if !isolation.allows(from, to) {
@@ -134,7 +133,7 @@ async fn forward(
         std::future::pending::<()>().await;
     };
     tokio::select! {
-        _ = relay(inbound, outbound, modes, 0) => {}
+        _ = proxy::forward(inbound, outbound) => {}
         _ = judged_cut => {}
     }
     Ok(())

@@ -1,4 +1,4 @@
-//! A TCP proxy in front of an etcd member, to cut a client off from it.
+//! A TCP proxy in front of a server (an etcd member, PostgreSQL), to cut a client off from it.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -39,16 +39,16 @@ pub struct TcpProxy {
 /// before `cut_before` are closed, and those born before `frozen_before` forward nothing ever
 /// again, whatever the mode is by the time they look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct State {
-    pub(super) mode: ProxyMode,
-    pub(super) generation: u64,
-    pub(super) cut_before: u64,
-    pub(super) frozen_before: u64,
+struct State {
+    mode: ProxyMode,
+    generation: u64,
+    cut_before: u64,
+    frozen_before: u64,
 }
 
 impl State {
     /// Forwarding everything, on connections born from now on.
-    pub(super) fn pass() -> Self {
+    fn pass() -> Self {
         State {
             mode: ProxyMode::Pass,
             generation: 0,
@@ -152,9 +152,16 @@ impl Drop for TcpProxy {
     }
 }
 
+/// Forwards everything between `a` and `b`, both ways, until either ends (a relay for a
+/// proxy with rules of its own, such as etcd peers' isolation).
+pub async fn forward(a: TcpStream, b: TcpStream) {
+    let (_pass, modes) = watch::channel(State::pass());
+    relay(a, b, modes, 0).await;
+}
+
 /// Relays between `a` and `b` until either ends, or connections born in generation `born`
 /// are cut.
-pub(super) async fn relay(a: TcpStream, b: TcpStream, modes: watch::Receiver<State>, born: u64) {
+async fn relay(a: TcpStream, b: TcpStream, modes: watch::Receiver<State>, born: u64) {
     let (ar, aw) = a.into_split();
     let (br, bw) = b.into_split();
     let up = pump(ar, bw, modes.clone(), born);
