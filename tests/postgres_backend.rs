@@ -5,8 +5,11 @@
 use std::time::Duration;
 
 use coord_api::testkit::{eventually, within};
-use coord_api::{Error, KvLeaseStore, KvLeaseStoreExt, PutRequest, WatchRequest};
+use coord_api::{
+    Error, GetRequest, KvLeaseStore, KvLeaseStoreExt, PutRequest, TxnRequest, WatchRequest,
+};
 use coord_postgres::testing::PostgresServer;
+use coord_postgres::PostgresStore;
 use futures::StreamExt;
 
 #[path = "postgres/commit.rs"]
@@ -160,4 +163,52 @@ async fn a_quiet_watch_gets_progress_notifications_while_others_write() {
         batch.events.is_empty() && !batch.is_progress_answer(),
         "the quiet key's watch got {batch:?}"
     );
+}
+
+/// A compaction moves the points under the writers' lock and the rows it made unreadable go
+/// after, in batches of their own: 2,400 superseded rows of 100 keys go, the 100 current
+/// ones stay, and a read at the compaction revision still sees every key's value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_purges_superseded_history_in_batches() {
+    const KEYS: usize = 100;
+    const ROUNDS: usize = 25;
+    let server = PostgresServer::start().await.expect("PostgreSQL");
+    // No retention: the rows go at this compaction, not a minute later.
+    let store = PostgresStore::connect(server.config().with_history_retention(Duration::ZERO))
+        .await
+        .expect("a store");
+    for round in 0..ROUNDS {
+        let puts = (0..KEYS).map(|k| PutRequest::new(format!("p/{k:03}"), round.to_string()));
+        store
+            .txn(TxnRequest::new().and_then(puts))
+            .await
+            .expect("a round of puts");
+    }
+    let compacted = store.current_revision().await.expect("the revision");
+    store.compact(compacted).await.expect("a compaction");
+    let pg: tokio_postgres::Config = server.connection().parse().expect("a connection string");
+    let (admin, conn) = pg
+        .connect(tokio_postgres::NoTls)
+        .await
+        .expect("an admin session");
+    let _driver = tokio::spawn(conn);
+    eventually(
+        Duration::from_secs(30),
+        "the superseded rows purged",
+        || async {
+            let row = admin
+                .query_one("SELECT count(*) FROM coord_history", &[])
+                .await
+                .expect("a count");
+            row.get::<_, i64>(0) == KEYS as i64
+        },
+    )
+    .await;
+    let at = store
+        .get(GetRequest::prefix("p/").with_revision(compacted))
+        .await
+        .expect("a read at the compaction revision");
+    assert_eq!(at.kvs.len(), KEYS);
+    let last = (ROUNDS - 1).to_string();
+    assert!(at.kvs.iter().all(|kv| kv.value == last.as_bytes()));
 }

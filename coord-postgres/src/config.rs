@@ -19,6 +19,7 @@ pub struct PostgresConfig {
     pub(crate) request_timeout: Duration,
     pub(crate) sweep_interval: Duration,
     pub(crate) poll_interval: Duration,
+    pub(crate) history_retention: Duration,
     pub(crate) limits: Limits,
 }
 
@@ -36,6 +37,7 @@ impl PostgresConfig {
             request_timeout: Duration::from_secs(5),
             sweep_interval: Duration::from_millis(200),
             poll_interval: Duration::from_secs(1),
+            history_retention: Duration::from_secs(60),
             limits,
         }
     }
@@ -64,6 +66,16 @@ impl PostgresConfig {
     /// with its connection costs at most this); 1 s by default.
     pub fn with_poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval;
+        self
+    }
+
+    /// How long the history a compaction made unreadable stays for watches that were up to
+    /// date when it came (etcd never cuts such a watch off; a watch here reads when it is
+    /// polled, so it may not have read those rows yet); 1 min by default. Only a watch that
+    /// fell this far behind is cut off, as etcd cuts off a slow watcher. The rows go at a
+    /// later compaction, in batches of their own.
+    pub fn with_history_retention(mut self, retention: Duration) -> Self {
+        self.history_retention = retention;
         self
     }
 

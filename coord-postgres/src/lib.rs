@@ -32,6 +32,7 @@
 
 mod compact;
 mod config;
+mod conn;
 mod error;
 mod kv;
 mod lease;

@@ -13,13 +13,14 @@ use coord_api::{
     LeaseGrant, LeaseId, LeaseTimeToLive, Limits, PutRequest, PutResponse, Result, Revision, TxnOp,
     TxnOpResponse, TxnRequest, TxnResponse, WatchRequest, WatchStream,
 };
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use futures::future::BoxFuture;
 use tokio::sync::watch;
 use tokio::time::{timeout_at, Instant};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::error::{from_pg, from_pool, timed_out, Stage};
+use crate::conn::{self, failed_link, Checkout};
+use crate::error::{from_pg, timed_out, Stage};
 use crate::kv::{self, Writer};
 use crate::{lease, schema, PostgresConfig, BACKEND};
 
@@ -45,6 +46,10 @@ impl fmt::Debug for PostgresStore {
     }
 }
 
+/// The longest a client may leave its transaction idle, holding the writers' lock, before
+/// the server ends its session (`idle_in_transaction_session_timeout`).
+const LOCK_HELD_IDLE: Duration = Duration::from_secs(1);
+
 /// A transaction's body: runs inside it, told whether its compares held, and returns its
 /// answer (the caller commits).
 type Body<T> =
@@ -65,9 +70,15 @@ impl PostgresStore {
             .parse()
             .map_err(|e| Error::invalid(format!("PostgreSQL connection string: {e}")))?;
         // A client that stalls inside a transaction (a paused process, a cut link) holds the
-        // writers' lock: the server ends such a session after the request timeout, as the
-        // client itself would have given up by then.
-        let idle_ms = config.request_timeout.as_millis().max(1);
+        // writers' lock, and every writer of the store waits: the server ends such a session
+        // after [`LOCK_HELD_IDLE`] (or the request timeout, when shorter), long before the
+        // writers' own timeouts. A live client is never idle that long: it sends each
+        // statement as soon as the one before is answered.
+        let idle_ms = config
+            .request_timeout
+            .min(LOCK_HELD_IDLE)
+            .as_millis()
+            .max(1);
         let options = match pg.get_options() {
             Some(o) => format!("{o} -c idle_in_transaction_session_timeout={idle_ms}"),
             None => format!("-c idle_in_transaction_session_timeout={idle_ms}"),
@@ -125,6 +136,7 @@ impl PostgresStore {
             pool.clone(),
             known_tx,
             config.poll_interval,
+            config.request_timeout,
             stop.clone(),
         ));
         tokio::spawn(sweep(pool.clone(), config.clone(), stop.clone()));
@@ -153,42 +165,15 @@ impl PostgresStore {
         in_transaction(&self.inner.pool, self.deadline(), operation, compares, body).await
     }
 
-    /// A pooled connection, within the request timeout.
-    async fn conn(&self, operation: &'static str, deadline: Instant) -> Result<Object> {
-        timeout_at(deadline, self.inner.pool.get())
-            .await
-            .map_err(|_| timed_out(operation, Stage::Before))?
-            .map_err(|e| from_pool(operation, e))
-    }
-
-    /// Runs one statement's worth of work (autocommit) within the request timeout; a timeout
-    /// or a lost connection is reported at `stage`.
+    /// Runs one statement's worth of work (autocommit) within the request timeout (see
+    /// [`conn::single`]).
     async fn single<T>(
         &self,
         operation: &'static str,
         stage: Stage,
         run: impl for<'a> FnOnce(&'a tokio_postgres::Client) -> BoxFuture<'a, Result<T>>,
     ) -> Result<T> {
-        let deadline = self.deadline();
-        let conn = Checkout::new(self.conn(operation, deadline).await?);
-        let result = match timeout_at(deadline, run(conn.client())).await {
-            Ok(r) => r,
-            Err(_) => Err(timed_out(operation, stage)),
-        };
-        let result = match (result, stage) {
-            (Err(Error::Unavailable { source, .. }), Stage::Commit) if !answered(&source) => {
-                Err(Error::Indeterminate {
-                    backend: BACKEND,
-                    operation,
-                    source,
-                })
-            }
-            (r, _) => r,
-        };
-        if !result.as_ref().is_err_and(failed_link) {
-            conn.give_back();
-        }
-        result
+        conn::single(&self.inner.pool, self.deadline(), operation, stage, run).await
     }
 
     pub(crate) async fn renew(&self, lease: LeaseId) -> Result<Duration> {
@@ -201,17 +186,6 @@ impl PostgresStore {
     }
 }
 
-/// True for a source that is the server's own answer (nothing applied).
-fn answered(source: &coord_api::BoxError) -> bool {
-    source
-        .downcast_ref::<tokio_postgres::Error>()
-        .is_some_and(|e| e.as_db_error().is_some())
-}
-
-fn failed_link(e: &Error) -> bool {
-    matches!(e, Error::Unavailable { .. } | Error::Indeterminate { .. })
-}
-
 /// See [`PostgresStore::write`]; the sweep uses it too.
 async fn in_transaction<T: Send>(
     pool: &Pool,
@@ -220,12 +194,7 @@ async fn in_transaction<T: Send>(
     compares: &[Compare],
     body: Body<T>,
 ) -> Result<T> {
-    let conn = Checkout::new(
-        timeout_at(deadline, pool.get())
-            .await
-            .map_err(|_| timed_out(operation, Stage::Before))?
-            .map_err(|e| from_pool(operation, e))?,
-    );
+    let conn = Checkout::take(pool, operation, deadline).await?;
     let client: &tokio_postgres::Client = conn.client();
     let result = async {
         // Until COMMIT is sent nothing can apply: a failure or timeout before it rolls back.
@@ -262,37 +231,6 @@ async fn in_transaction<T: Send>(
     result
 }
 
-/// A pooled connection on loan to one request. Unless the request gives it back in a known
-/// state, it is closed when the loan ends: a request cancelled mid-transaction (its future
-/// dropped) must not hand the next request an open transaction holding the writers' lock.
-/// Closing it makes the server roll the transaction back.
-struct Checkout {
-    conn: Option<Object>,
-}
-
-impl Checkout {
-    fn new(conn: Object) -> Self {
-        Checkout { conn: Some(conn) }
-    }
-
-    fn client(&self) -> &tokio_postgres::Client {
-        self.conn.as_ref().expect("on loan")
-    }
-
-    /// Returns the connection to the pool.
-    fn give_back(mut self) {
-        drop(self.conn.take());
-    }
-}
-
-impl Drop for Checkout {
-    fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            drop(Object::take(conn));
-        }
-    }
-}
-
 /// Expires leases past their deadline, every sweep interval, until `stop`.
 async fn sweep(pool: Pool, config: PostgresConfig, stop: CancellationToken) {
     loop {
@@ -300,10 +238,12 @@ async fn sweep(pool: Pool, config: PostgresConfig, stop: CancellationToken) {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(config.sweep_interval) => {}
         }
-        let due = match pool.get().await {
-            Ok(c) => lease::expired(&c, 64).await.unwrap_or_default(),
-            Err(_) => continue,
-        };
+        let deadline = Instant::now() + config.request_timeout;
+        let due = conn::single(&pool, deadline, "expire", Stage::Before, |c| {
+            Box::pin(async move { lease::expired(c, 64).await })
+        })
+        .await
+        .unwrap_or_default();
         for id in due {
             let deadline = Instant::now() + config.request_timeout;
             let body: Body<bool> =
@@ -416,6 +356,7 @@ impl KvLeaseStore for PostgresStore {
             pool: self.inner.pool.clone(),
             known: self.inner.known.clone(),
             progress_interval: self.inner.config.limits.progress_notify_interval,
+            timeout: self.inner.config.request_timeout,
         };
         timeout_at(self.deadline(), crate::watch::open(source, req))
             .await
@@ -423,14 +364,21 @@ impl KvLeaseStore for PostgresStore {
     }
 
     async fn compact(&self, revision: Revision) -> Result<()> {
-        self.write(
-            "compact",
-            &[],
-            Box::new(move |w, _| {
-                Box::pin(async move { crate::compact::compact(w, revision).await })
-            }),
-        )
-        .await
+        let retention = self.inner.config.history_retention;
+        let purge = self
+            .write(
+                "compact",
+                &[],
+                Box::new(move |w, _| {
+                    Box::pin(async move { crate::compact::compact(w, revision, retention).await })
+                }),
+            )
+            .await?;
+        if let Some(purge) = purge {
+            let (pool, timeout) = (self.inner.pool.clone(), self.inner.config.request_timeout);
+            tokio::spawn(crate::compact::purge(pool, purge, timeout));
+        }
+        Ok(())
     }
 
     async fn campaign(&self, name: &str, value: Bytes, lease: LeaseId) -> Result<LeaderKey> {

@@ -19,9 +19,12 @@ use coord_api::{
 use deadpool_postgres::Pool;
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 use tokio_postgres::types::Type;
 use tokio_util::sync::CancellationToken;
 
+use crate::conn::Checkout;
+use crate::error::Stage;
 use crate::range::{bounds, condition, kv_at};
 
 /// The newest revision any source has shown this store, never moving back.
@@ -41,21 +44,30 @@ fn fed_by_notifications() -> bool {
 }
 
 /// Listens for notifications and polls, until `stop`.
+///
+/// The poll goes through the listener's own connection while there is one: an answer shows
+/// that connection alive, and a missing one (a frozen connection holds notifications back
+/// without a word) has it replaced. Every step is bounded by the request timeout.
 pub(crate) async fn listen(
     pg: tokio_postgres::Config,
     pool: Pool,
     known: watch::Sender<i64>,
     poll: Duration,
+    timeout: Duration,
     stop: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(poll);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         // (Re)connect the listener; while it is down, the poll alone keeps watches moving.
-        let mut notifications = match connect_listener(&pg).await {
-            Ok(n) => Some(n),
-            Err(e) => {
+        let mut listener = match tokio::time::timeout(timeout, Listener::connect(&pg)).await {
+            Ok(Ok(l)) => Some(l),
+            Ok(Err(e)) => {
                 tracing::debug!(error = %e, "coord-postgres: listener not connected; polling");
+                None
+            }
+            Err(_) => {
+                tracing::debug!("coord-postgres: listener not connected in time; polling");
                 None
             }
         };
@@ -64,16 +76,27 @@ pub(crate) async fn listen(
                 _ = stop.cancelled() => return,
                 _ = tick.tick() => {
                     if !fed_by_notifications() {
-                        if let Ok(r) = current_revision(&pool).await {
-                            advance(&known, r.get());
+                        let polled = match &listener {
+                            Some(l) => tokio::time::timeout(timeout, revision_on(&l.client))
+                                .await
+                                .unwrap_or_else(|_| Err(crate::error::timed_out("get", Stage::Before))),
+                            None => current_revision(&pool, Instant::now() + timeout).await,
+                        };
+                        match polled {
+                            Ok(r) => advance(&known, r.get()),
+                            Err(e) if listener.is_some() => {
+                                tracing::debug!(error = %e, "coord-postgres: listener connection unanswered; replacing it");
+                                break;
+                            }
+                            Err(_) => {}
                         }
                     }
-                    if notifications.is_none() {
+                    if listener.is_none() {
                         break;
                     }
                 }
-                n = async { notifications.as_mut().expect("listening").next().await },
-                    if notifications.is_some() =>
+                n = async { listener.as_mut().expect("listening").notifications.recv().await },
+                    if listener.is_some() =>
                 {
                     match n {
                         Some(revision) => advance(&known, revision),
@@ -88,49 +111,42 @@ pub(crate) async fn listen(
     }
 }
 
-/// A connection listening on `coord_revision`, as a stream of the revisions notified.
-async fn connect_listener(
-    pg: &tokio_postgres::Config,
-) -> std::result::Result<futures::stream::BoxStream<'static, i64>, tokio_postgres::Error> {
-    let (client, mut connection) = pg.connect(tokio_postgres::NoTls).await?;
-    let (tx, rx) = mpsc::unbounded_channel();
-    // The connection delivers notifications only while it is polled for messages.
-    tokio::spawn(async move {
-        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(Ok(message)) = messages.next().await {
-            if let tokio_postgres::AsyncMessage::Notification(n) = message {
-                if let Ok(revision) = n.payload().parse::<i64>() {
-                    if tx.send(revision).is_err() {
-                        return;
+/// A connection listening on `coord_revision`: the revisions notified, and the client (its
+/// own liveness check; dropping it closes the connection).
+struct Listener {
+    client: tokio_postgres::Client,
+    notifications: mpsc::UnboundedReceiver<i64>,
+}
+
+impl Listener {
+    async fn connect(
+        pg: &tokio_postgres::Config,
+    ) -> std::result::Result<Self, tokio_postgres::Error> {
+        let (client, mut connection) = pg.connect(tokio_postgres::NoTls).await?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        // The connection delivers notifications only while it is polled for messages.
+        tokio::spawn(async move {
+            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(Ok(message)) = messages.next().await {
+                if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                    if let Ok(revision) = n.payload().parse::<i64>() {
+                        if tx.send(revision).is_err() {
+                            return;
+                        }
                     }
                 }
             }
-        }
-    });
-    client.batch_execute("LISTEN coord_revision").await?;
-    // The stream owns the client: dropping it closes the connection.
-    Ok(tokio_stream_of(rx, client))
-}
-
-fn tokio_stream_of(
-    mut rx: mpsc::UnboundedReceiver<i64>,
-    client: tokio_postgres::Client,
-) -> futures::stream::BoxStream<'static, i64> {
-    async_stream::stream! {
-        let _client = client;
-        while let Some(r) = rx.recv().await {
-            yield r;
-        }
+        });
+        client.batch_execute("LISTEN coord_revision").await?;
+        Ok(Listener {
+            client,
+            notifications: rx,
+        })
     }
-    .boxed()
 }
 
-/// The store's revision, as committed.
-pub(crate) async fn current_revision(pool: &Pool) -> Result<Revision> {
-    let c = pool
-        .get()
-        .await
-        .map_err(|e| crate::error::from_pool("get", e))?;
+/// The store's revision, as committed, read on `c`.
+async fn revision_on(c: &tokio_postgres::Client) -> Result<Revision> {
     let rows = c
         .query_typed("SELECT revision FROM coord_meta WHERE id = 1", &[])
         .await
@@ -139,16 +155,26 @@ pub(crate) async fn current_revision(pool: &Pool) -> Result<Revision> {
     Ok(Revision(row.get(0)))
 }
 
+/// The store's revision, as committed, on a pooled connection by `deadline`.
+pub(crate) async fn current_revision(pool: &Pool, deadline: Instant) -> Result<Revision> {
+    crate::conn::single(pool, deadline, "get", Stage::Before, |c| {
+        Box::pin(revision_on(c))
+    })
+    .await
+}
+
 /// What a watch stream needs from its store.
 pub(crate) struct Source {
     pub(crate) pool: Pool,
     pub(crate) known: watch::Receiver<i64>,
     pub(crate) progress_interval: Duration,
+    /// The request timeout: the most any one read may take.
+    pub(crate) timeout: Duration,
 }
 
 /// Opens a watch from `start` (the revision after the current one when `None`).
 pub(crate) async fn open(source: Source, req: WatchRequest) -> Result<WatchStream> {
-    let now = current_revision(&source.pool).await?;
+    let now = current_revision(&source.pool, Instant::now() + source.timeout).await?;
     let start = req.start_revision.filter(|r| *r > 0).unwrap_or(now.next());
     // A watch from the future is up to date from the start, as etcd's is; one from the past
     // catches up first.
@@ -181,6 +207,7 @@ fn stream(
         pool,
         mut known,
         progress_interval,
+        timeout,
     } = source;
     let req = Arc::new(req);
     async_stream::stream! {
@@ -197,7 +224,7 @@ fn stream(
             let upto = Revision(*known.borrow_and_update());
             if upto >= next || answer_progress {
                 let upto = if answer_progress {
-                    match current_revision(&pool).await {
+                    match current_revision(&pool, Instant::now() + timeout).await {
                         Ok(r) => r,
                         Err(e) => { yield Err(closed(e)); return; }
                     }
@@ -205,7 +232,7 @@ fn stream(
                     upto
                 };
                 if upto >= next {
-                    match read(&pool, &req, next, upto, synced).await {
+                    match read(&pool, timeout, &req, next, upto, synced).await {
                         Ok(Ok(events)) => {
                             next = upto.next();
                             synced = true;
@@ -254,6 +281,7 @@ const READ_TRIES: usize = 3;
 /// [`read_once`], on a fresh connection after a failed one.
 async fn read(
     pool: &Pool,
+    timeout: Duration,
     req: &WatchRequest,
     from: Revision,
     upto: Revision,
@@ -262,7 +290,7 @@ async fn read(
     let mut tries = 0;
     loop {
         tries += 1;
-        match read_once(pool, req, from, upto, synced).await {
+        match read_once(pool, Instant::now() + timeout, req, from, upto, synced).await {
             Err(e) if tries < READ_TRIES => {
                 tracing::debug!(error = %e, "coord-postgres: a watch's read failed; trying again");
             }
@@ -282,12 +310,15 @@ async fn read(
 /// write was made.
 async fn read_once(
     pool: &Pool,
+    deadline: Instant,
     req: &WatchRequest,
     from: Revision,
     upto: Revision,
     synced: bool,
 ) -> Result<Result<Vec<Event>>> {
-    let c = pool.get().await.map_err(closed)?;
+    let c = Checkout::take(pool, "watch", deadline)
+        .await
+        .map_err(closed)?;
     let (lo, hi) = bounds(&req.range);
     let sql = format!(
         "SELECT m.compact_revision, h.revision, h.deleted, h.key, h.value, h.create_revision, \
@@ -304,27 +335,23 @@ async fn read_once(
          WHERE m.id = 1 ORDER BY h.revision, h.seq",
         condition("key", 1, 2)
     );
-    let rows = match c
-        .query_typed(
-            &sql,
-            &[
-                (&lo, Type::BYTEA),
-                (&hi, Type::BYTEA),
-                (&from.get(), Type::INT8),
-                (&upto.get(), Type::INT8),
-                (&req.prev_kv, Type::BOOL),
-                (&synced, Type::BOOL),
-            ],
-        )
-        .await
-    {
-        Ok(rows) => rows,
-        Err(e) => {
-            // Not back into the pool: the next try gets a connection that works.
-            drop(deadpool_postgres::Object::take(c));
-            return Err(closed(e));
-        }
+    let (from_rev, upto_rev) = (from.get(), upto.get());
+    let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 6] = [
+        (&lo, Type::BYTEA),
+        (&hi, Type::BYTEA),
+        (&from_rev, Type::INT8),
+        (&upto_rev, Type::INT8),
+        (&req.prev_kv, Type::BOOL),
+        (&synced, Type::BOOL),
+    ];
+    let query = c.client().query_typed(&sql, &params);
+    // On failure the loan ends with the connection closed: the next try gets one that works.
+    let rows = match tokio::time::timeout_at(deadline, query).await {
+        Ok(Ok(rows)) => rows,
+        Ok(Err(e)) => return Err(closed(e)),
+        Err(_) => return Err(closed("no answer within the request timeout")),
     };
+    c.give_back();
     let compact = Revision(rows.first().map_or(0, |r| r.get(0)));
     let purged = Revision(rows.first().map_or(0, |r| r.get(16)));
     if from < if synced { purged } else { compact } {

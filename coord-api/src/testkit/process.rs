@@ -86,24 +86,30 @@ pub fn remove_orphaned_dirs(prefix: &str) {
 
 /// [`remove_orphaned_dirs`] under `parent` instead of the temporary directory.
 pub fn remove_orphaned_dirs_in(parent: &std::path::Path, prefix: &str) {
-    let Ok(entries) = std::fs::read_dir(parent) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(prefix))
-            .and_then(|rest| rest.split_once('-'))
-            .and_then(|(pid, _)| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            tracing::debug!(dir = %entry.path().display(), pid, "removing a dead test's server data");
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
+    for dir in orphaned_dirs_in(parent, prefix) {
+        tracing::debug!(dir = %dir.display(), "removing a dead test's server data");
+        let _ = std::fs::remove_dir_all(dir);
     }
+}
+
+/// The `<parent>/<prefix><pid>-*` directories whose process `pid` is gone (see
+/// [`remove_orphaned_dirs`]), for a harness that has more than files to clean up after them.
+pub fn orphaned_dirs_in(parent: &std::path::Path, prefix: &str) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|entry| {
+            let name = entry.file_name();
+            name.to_str()
+                .and_then(|n| n.strip_prefix(prefix))
+                .and_then(|rest| rest.split_once('-'))
+                .and_then(|(pid, _)| pid.parse::<u32>().ok())
+                .is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+        })
+        .map(|entry| entry.path())
+        .collect()
 }
 
 /// A free loopback port, below Linux's ephemeral range (32768-60999). A port the OS hands

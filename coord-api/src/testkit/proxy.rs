@@ -93,6 +93,11 @@ impl TcpProxy {
         self.addr.to_string()
     }
 
+    /// The port clients connect to, on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
     /// Switches the mode; existing connections follow at once.
     pub fn set_mode(&self, mode: ProxyMode) {
         self.mode.send_modify(|s| {

@@ -152,7 +152,10 @@ fn template(bin: &Path, run_as: RunAs) -> Result<(PathBuf, TemplateLease), Harne
         return Ok((dir, TemplateLease));
     }
     process::remove_orphaned_dirs(DIR_PREFIX);
-    process::remove_orphaned_dirs_in(&data_root(), DIR_PREFIX);
+    for dir in process::orphaned_dirs_in(&data_root(), DIR_PREFIX) {
+        remove_shared_memory(&dir.join("data"));
+        let _ = std::fs::remove_dir_all(dir);
+    }
     // On disk, and memory for the copies servers run on. It goes with the last server that
     // uses it (a killed process's is removed by the next process).
     let root = std::env::temp_dir().join(format!("{DIR_PREFIX}{}-template", std::process::id()));
@@ -210,6 +213,26 @@ impl Drop for TemplateLease {
                 let _ = std::fs::remove_dir_all(root);
             }
         }
+    }
+}
+
+/// Removes the System V shared memory segment a killed postmaster of `data` left, named in
+/// its `postmaster.pid` (line 7: key and id). PostgreSQL removes it only when it shuts down
+/// cleanly, and the kernel allows 4,096 segments by default: as many killed servers, and no
+/// server starts on the machine any more.
+fn remove_shared_memory(data: &Path) {
+    let Ok(pid_file) = std::fs::read_to_string(data.join("postmaster.pid")) else {
+        return;
+    };
+    if let Some(id) = pid_file
+        .lines()
+        .nth(6)
+        .and_then(|line| line.split_whitespace().nth(1))
+    {
+        let _ = Command::new("ipcrm")
+            .args(["-m", id])
+            .stderr(Stdio::null())
+            .status();
     }
 }
 
@@ -362,10 +385,28 @@ impl PostgresServer {
             .map(Child::id)
     }
 
+    /// The postmaster and the processes it started (backends, background workers).
+    fn processes(&self) -> Vec<String> {
+        let Some(pid) = self.pid() else {
+            return Vec::new();
+        };
+        let children =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        std::iter::once(pid.to_string())
+            .chain(children.split_whitespace().map(str::to_owned))
+            .collect()
+    }
+
+    /// Sends `signal` to the postmaster and every process it started: a signal to the
+    /// postmaster alone would leave its backends answering their connections.
     fn signal(&self, signal: &str) {
-        if let Some(pid) = self.pid() {
+        let processes = self.processes();
+        if !processes.is_empty() {
+            // A backend may have exited since it was listed: nothing to report.
             let _ = Command::new("kill")
-                .args([signal, &pid.to_string()])
+                .arg(signal)
+                .args(&processes)
+                .stderr(Stdio::null())
                 .status();
         }
     }
@@ -373,15 +414,10 @@ impl PostgresServer {
     /// kill -9 of the server and every process it started, as a crash of its machine: a
     /// backend left alone would go on answering its connection until it noticed.
     pub fn kill(&self) {
+        self.signal("-KILL");
         if let Some(mut child) = self.child.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let pid = child.id();
-            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-                .unwrap_or_default();
-            let _ = child.kill();
-            for backend in children.split_whitespace() {
-                let _ = Command::new("kill").args(["-KILL", backend]).status();
-            }
             let _ = child.wait();
+            remove_shared_memory(&self.dir.join("data"));
         }
     }
 
@@ -397,12 +433,13 @@ impl PostgresServer {
         self.launch().await
     }
 
-    /// SIGSTOP: connections are accepted by the kernel and nothing answers.
+    /// SIGSTOP of the server and its backends, as a frozen machine: connections are accepted
+    /// by the kernel and nothing answers.
     pub fn pause(&self) {
         self.signal("-STOP");
     }
 
-    /// SIGCONT after [`pause`](Self::pause).
+    /// SIGCONT of the server and its backends, after [`pause`](Self::pause).
     pub fn resume(&self) {
         self.signal("-CONT");
     }
