@@ -1,45 +1,19 @@
 //! TLS and authentication against a real etcd: certificates are generated at test time; the
 //! right credentials work, wrong or missing ones give a clear typed error, and nothing hangs.
 
+// etcd takes a client certificate of any name; PostgreSQL's tests name theirs (`client`).
+#[allow(dead_code)]
+#[path = "security/pki.rs"]
+mod pki;
+
 use std::path::Path;
 use std::time::Duration;
 
 use coord_api::{Error, KvLeaseStoreExt};
 use coord_etcd::testing::{EtcdCluster, ServerTls};
 use coord_etcd::{EtcdConfig, EtcdStore, TlsConfig};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use pki::Pki;
 use tokio::time::Instant;
-
-/// A CA and the PEM of a certificate it signed, with its key.
-struct Pki {
-    ca_pem: String,
-    issuer: CertifiedIssuer<'static, KeyPair>,
-}
-
-impl Pki {
-    fn new(name: &str) -> Self {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
-        Pki {
-            ca_pem: issuer.pem(),
-            issuer,
-        }
-    }
-
-    /// A leaf certificate for `names` (DNS names or IP addresses): (cert PEM, key PEM).
-    fn leaf(&self, names: &[&str]) -> (String, String) {
-        let params =
-            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-                .unwrap();
-        let key = KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
 
 fn write(dir: &Path, name: &str, pem: &str) -> std::path::PathBuf {
     let path = dir.join(name);

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use coord_api::Limits;
 
+use crate::TlsConfig;
+
 /// The connection and the store's settings.
 ///
 /// ```
@@ -20,6 +22,7 @@ pub struct PostgresConfig {
     pub(crate) sweep_interval: Duration,
     pub(crate) poll_interval: Duration,
     pub(crate) history_retention: Duration,
+    pub(crate) tls: Option<TlsConfig>,
     pub(crate) limits: Limits,
 }
 
@@ -38,8 +41,16 @@ impl PostgresConfig {
             sweep_interval: Duration::from_millis(200),
             poll_interval: Duration::from_secs(1),
             history_retention: Duration::from_secs(60),
+            tls: None,
             limits,
         }
+    }
+
+    /// Connects with TLS (see [`TlsConfig`]); plain by default. Passwords go in the
+    /// connection string (`password=...`; SCRAM and md5 are both spoken).
+    pub fn with_tls(mut self, tls: TlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     /// At most this many connections for requests (watches share them); 16 by default.

@@ -48,6 +48,12 @@ pub(crate) fn from_pg(
             }
         };
     }
+    if let Some(reason) = tls_refusal(&source) {
+        return Error::PermissionDenied {
+            backend: BACKEND,
+            reason,
+        };
+    }
     match stage {
         Stage::Before => Error::Unavailable {
             backend: BACKEND,
@@ -60,6 +66,13 @@ pub(crate) fn from_pg(
             source: Box::new(source),
         },
     }
+}
+
+/// A TLS handshake that failed on the certificates (rustls reports those as invalid data):
+/// trying again would fail the same way, so it is not reported as the server unavailable.
+fn tls_refusal(e: &tokio_postgres::Error) -> Option<String> {
+    let io = std::error::Error::source(e)?.downcast_ref::<std::io::Error>()?;
+    (io.kind() == std::io::ErrorKind::InvalidData).then(|| format!("TLS refused: {io}"))
 }
 
 /// The error for a pooled connection that could not be had: nothing was sent.

@@ -11,6 +11,9 @@
 //!   them, so a lost notification costs latency, never an event.
 //! * **Elections** are etcd's algorithm on those primitives ([`coord_api::elections`]); no
 //!   advisory locks.
+//! * **Every request is bounded** by the request timeout, and a connection that failed or
+//!   timed out is closed, never reused: a frozen connection costs one request, not the store.
+//! * **TLS** through rustls ([`TlsConfig`]); passwords in the connection string.
 //!
 //! ```no_run
 //! # async fn run() -> coord_api::Result<()> {
@@ -41,10 +44,12 @@ mod schema;
 mod store;
 #[cfg(feature = "test-util")]
 pub mod testing;
+mod tls;
 mod watch;
 
 pub use config::PostgresConfig;
 pub use store::PostgresStore;
+pub use tls::TlsConfig;
 
 /// The name errors and traces give this backend.
 pub(crate) const BACKEND: &str = "postgres";

@@ -13,8 +13,9 @@ use coord_api::{
     LeaseGrant, LeaseId, LeaseTimeToLive, Limits, PutRequest, PutResponse, Result, Revision, TxnOp,
     TxnOpResponse, TxnRequest, TxnResponse, WatchRequest, WatchStream,
 };
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{ManagerConfig, Pool, RecyclingMethod, Runtime};
 use futures::future::BoxFuture;
+use futures::StreamExt;
 use tokio::sync::watch;
 use tokio::time::{timeout_at, Instant};
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -22,6 +23,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use crate::conn::{self, failed_link, Checkout};
 use crate::error::{from_pg, timed_out, Stage};
 use crate::kv::{self, Writer};
+use crate::tls::Connector;
 use crate::{lease, schema, PostgresConfig, BACKEND};
 
 /// A [`KvLeaseStore`] on PostgreSQL. Cheap to clone: clones share the pool and the background
@@ -84,16 +86,16 @@ impl PostgresStore {
             None => format!("-c idle_in_transaction_session_timeout={idle_ms}"),
         };
         pg.options(&options);
-        let (mut client, connection) = timeout_at(
-            Instant::now() + config.request_timeout,
-            pg.connect(tokio_postgres::NoTls),
-        )
-        .await
-        .map_err(|_| timed_out("connect", Stage::Before))?
-        .map_err(|e| from_pg("connect", Stage::Before, e))?;
-        let driver = tokio::spawn(connection);
-        let found = schema::migrate(&mut client)
+        let connector = Connector::new(config.tls.as_ref())?;
+        let deadline = Instant::now() + config.request_timeout;
+        let (mut client, mut messages) = timeout_at(deadline, connector.connect(&pg))
             .await
+            .map_err(|_| timed_out("connect", Stage::Before))?
+            .map_err(|e| from_pg("connect", Stage::Before, e))?;
+        let driver = tokio::spawn(async move { while let Some(Ok(_)) = messages.next().await {} });
+        let found = timeout_at(deadline, schema::migrate(&mut client))
+            .await
+            .map_err(|_| timed_out("migrate", Stage::Before))?
             .map_err(|e| from_pg("migrate", Stage::Before, e))?;
         if crate::kv::from_a_sequence() {
             // The planted bug's sequence, ahead of every revision written so far.
@@ -115,9 +117,8 @@ impl PostgresStore {
                 schema::VERSION
             )));
         }
-        let manager = Manager::from_config(
+        let manager = connector.manager(
             pg.clone(),
-            tokio_postgres::NoTls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -133,6 +134,7 @@ impl PostgresStore {
         let (known_tx, known) = watch::channel(0);
         tokio::spawn(crate::watch::listen(
             pg,
+            connector,
             pool.clone(),
             known_tx,
             config.poll_interval,

@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::conn::Checkout;
 use crate::error::Stage;
 use crate::range::{bounds, condition, kv_at};
+use crate::tls::Connector;
 
 /// The newest revision any source has shown this store, never moving back.
 pub(crate) fn advance(known: &watch::Sender<i64>, revision: i64) {
@@ -50,6 +51,7 @@ fn fed_by_notifications() -> bool {
 /// without a word) has it replaced. Every step is bounded by the request timeout.
 pub(crate) async fn listen(
     pg: tokio_postgres::Config,
+    connector: Connector,
     pool: Pool,
     known: watch::Sender<i64>,
     poll: Duration,
@@ -60,17 +62,18 @@ pub(crate) async fn listen(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         // (Re)connect the listener; while it is down, the poll alone keeps watches moving.
-        let mut listener = match tokio::time::timeout(timeout, Listener::connect(&pg)).await {
-            Ok(Ok(l)) => Some(l),
-            Ok(Err(e)) => {
-                tracing::debug!(error = %e, "coord-postgres: listener not connected; polling");
-                None
-            }
-            Err(_) => {
-                tracing::debug!("coord-postgres: listener not connected in time; polling");
-                None
-            }
-        };
+        let mut listener =
+            match tokio::time::timeout(timeout, Listener::connect(&pg, &connector)).await {
+                Ok(Ok(l)) => Some(l),
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "coord-postgres: listener not connected; polling");
+                    None
+                }
+                Err(_) => {
+                    tracing::debug!("coord-postgres: listener not connected in time; polling");
+                    None
+                }
+            };
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
@@ -121,12 +124,12 @@ struct Listener {
 impl Listener {
     async fn connect(
         pg: &tokio_postgres::Config,
+        connector: &Connector,
     ) -> std::result::Result<Self, tokio_postgres::Error> {
-        let (client, mut connection) = pg.connect(tokio_postgres::NoTls).await?;
+        let (client, mut messages) = connector.connect(pg).await?;
         let (tx, rx) = mpsc::unbounded_channel();
         // The connection delivers notifications only while it is polled for messages.
         tokio::spawn(async move {
-            let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
             while let Some(Ok(message)) = messages.next().await {
                 if let tokio_postgres::AsyncMessage::Notification(n) = message {
                     if let Ok(revision) = n.payload().parse::<i64>() {

@@ -1,6 +1,7 @@
 //! One PostgreSQL server per test, started from a data directory initialised once per test
 //! process and copied (initdb takes seconds; a copy and a start take a fraction of one).
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
@@ -216,6 +217,15 @@ impl Drop for TemplateLease {
     }
 }
 
+/// Who may connect to a secured server, and how: the harness's own user as before; the user
+/// `certified` over TLS with its client certificate; anyone else over TLS with a password.
+const HBA_SECURED: &str = "\
+local all all trust
+host all coord 127.0.0.1/32 trust
+hostssl all certified 127.0.0.1/32 cert
+hostssl all all 127.0.0.1/32 scram-sha-256
+";
+
 /// Removes the System V shared memory segment a killed postmaster of `data` left, named in
 /// its `postmaster.pid` (line 7: key and id). PostgreSQL removes it only when it shuts down
 /// cleanly, and the kernel allows 4,096 segments by default: as many killed servers, and no
@@ -243,6 +253,8 @@ pub struct PostgresServer {
     run_as: RunAs,
     dir: PathBuf,
     port: u16,
+    /// TLS and the rules that ask for it, when started [`secured`](PostgresServer::start_secured).
+    secured: bool,
     child: Mutex<Option<Child>>,
     /// Dropped after the server's own `drop` has killed it and removed its copy.
     _template: TemplateLease,
@@ -251,6 +263,23 @@ pub struct PostgresServer {
 impl PostgresServer {
     /// Starts a server on a free loopback port and waits until it accepts connections.
     pub async fn start() -> Result<Self, HarnessError> {
+        Self::start_as(None).await
+    }
+
+    /// As [`start`](Self::start), with TLS on (`cert_pem` and `key_pem` the server's
+    /// certificate and key; client certificates checked against `ca_pem`) and every user but
+    /// the harness's own (`coord`, trusted, for its controls) required to come over TLS: the
+    /// user `certified` with a client certificate whose common name is `certified`, any other
+    /// with a password (SCRAM). Create users with [`create_user`](Self::create_user).
+    pub async fn start_secured(
+        cert_pem: &str,
+        key_pem: &str,
+        ca_pem: &str,
+    ) -> Result<Self, HarnessError> {
+        Self::start_as(Some((cert_pem, key_pem, ca_pem))).await
+    }
+
+    async fn start_as(tls: Option<(&str, &str, &str)>) -> Result<Self, HarnessError> {
         use std::sync::atomic::{AtomicU32, Ordering};
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let bin = postgres_bin_dir()?;
@@ -280,10 +309,26 @@ impl PostgresServer {
                 log: String::from_utf8_lossy(&out.stderr).into_owned(),
             });
         }
+        if let Some((cert, key, ca)) = tls {
+            let files = [
+                ("server.crt", cert),
+                ("server.key", key),
+                ("root.crt", ca),
+                ("pg_hba.conf", HBA_SECURED),
+            ];
+            for (name, text) in files {
+                let path = dir.join(name);
+                std::fs::write(&path, text)?;
+                run_as.own(&path)?;
+                // PostgreSQL refuses a key others can read.
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+            }
+        }
         let server = PostgresServer {
             bin,
             run_as,
             dir,
+            secured: tls.is_some(),
             port: process::free_port()?,
             child: Mutex::new(None),
             _template: lease,
@@ -307,8 +352,16 @@ impl PostgresServer {
             .args(["-c", "max_connections=400", "-c", "shared_buffers=16MB"])
             // Dynamic shared memory in the data directory, not /dev/shm: a killed server's
             // segments go with its directory.
-            .args(["-c", "dynamic_shared_memory_type=mmap"])
-            .stdin(Stdio::null())
+            .args(["-c", "dynamic_shared_memory_type=mmap"]);
+        if self.secured {
+            let file = |name: &str| self.dir.join(name).display().to_string();
+            cmd.args(["-c", "ssl=on"])
+                .args(["-c", &format!("ssl_cert_file={}", file("server.crt"))])
+                .args(["-c", &format!("ssl_key_file={}", file("server.key"))])
+                .args(["-c", &format!("ssl_ca_file={}", file("root.crt"))])
+                .args(["-c", &format!("hba_file={}", file("pg_hba.conf"))]);
+        }
+        cmd.stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
         let child = process::spawn(cmd)?;
@@ -442,6 +495,26 @@ impl PostgresServer {
     /// SIGCONT of the server and its backends, after [`pause`](Self::pause).
     pub fn resume(&self) {
         self.signal("-CONT");
+    }
+
+    /// Creates a user that logs in with `password` and may create coord's tables.
+    pub async fn create_user(&self, name: &str, password: &str) -> Result<(), HarnessError> {
+        let pg: tokio_postgres::Config = self.connection().parse().expect("our own string");
+        let failed = |e: tokio_postgres::Error| HarnessError::Failed {
+            step: "creating a user",
+            log: e.to_string(),
+        };
+        let (client, conn) = pg.connect(tokio_postgres::NoTls).await.map_err(failed)?;
+        let driver = tokio::spawn(conn);
+        // Names and passwords are the test's own: quoted, not escaped.
+        let sql = format!(
+            "CREATE ROLE \"{name}\" LOGIN PASSWORD '{password}'; \
+             GRANT CREATE ON SCHEMA public TO \"{name}\""
+        );
+        let done = client.batch_execute(&sql).await.map_err(failed);
+        drop(client);
+        let _ = driver.await;
+        done
     }
 
     /// Terminates every client backend but this call's own (`pg_terminate_backend`), as an
