@@ -8,28 +8,31 @@
 //! holds its whole history (the store's, from an observer, with the candidates' beliefs and
 //! the watchers' views and events) to the chaos runner's checkers (`witness.rs`).
 
+#[path = "faults/parts.rs"]
+mod parts;
+// Each fault binary observes one kind of backend; the PostgreSQL one uses the rest.
+#[allow(dead_code)]
 #[path = "witness.rs"]
 mod witness;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use coord_api::recipes::{
-    ClusterWatcher, ClusterWatcherConfig, Election, HostRegistration, RegistrationConfig,
-    RegistrationStatus, Session, SessionConfig,
-};
+use coord_api::recipes::{HostRegistration, RegistrationStatus, Session, SessionConfig};
+
 use coord_api::testkit::{eventually, within};
 use coord_api::{DeleteRequest, DynKvLeaseStore, KvLeaseStore, KvLeaseStoreExt, Revision};
 use coord_chaos::{Emitted, Happening};
 use coord_etcd::testing::{EtcdCluster, TcpProxy};
 use coord_etcd::{EtcdConfig, EtcdStore};
+use parts::{
+    all_registered, hosts_and_an_election, observe, observe_as, register, Leaders, Seen, SLACK, TTL,
+};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use witness::Witness;
 
-const TTL: Duration = Duration::from_secs(3);
-const SLACK: Duration = Duration::from_secs(1);
 /// etcd's lease expiry tick.
 const TICK: Duration = Duration::from_millis(500);
 
@@ -75,239 +78,6 @@ async fn through_proxies(cluster: &EtcdCluster, n: usize) -> (Arc<DynKvLeaseStor
             .expect("connect through the proxies"),
     );
     (store, proxies)
-}
-
-fn register(host: &str) -> RegistrationConfig {
-    RegistrationConfig::new(format!("hosts/{host}"), host.to_owned())
-        .with_ttl(TTL)
-        .with_backoff(Duration::from_millis(100), Duration::from_secs(1))
-}
-
-/// A watcher's events, each with when it arrived.
-#[derive(Clone, Default)]
-struct Seen(Arc<Mutex<Vec<(Instant, Emitted)>>>);
-
-impl Seen {
-    fn downs(&self, host: &str) -> Vec<Instant> {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(_, e)| matches!(e, Emitted::Down(h, _) if h == host))
-            .map(|(t, _)| *t)
-            .collect()
-    }
-
-    fn ups(&self, host: &str) -> Vec<Instant> {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(_, e)| matches!(e, Emitted::Up(h, ..) if h == host))
-            .map(|(t, _)| *t)
-            .collect()
-    }
-
-    /// Whether the watcher emitted `host` up at `revision` or later.
-    fn up_since(&self, host: &str, revision: Revision) -> bool {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|(_, e)| matches!(e, Emitted::Up(h, _, r) if h == host && *r >= revision))
-    }
-
-    /// How many times the watcher re-listed.
-    /// When the latest event was emitted.
-    fn last_event(&self) -> Option<Instant> {
-        self.0.lock().unwrap().last().map(|(at, _)| *at)
-    }
-
-    fn relists(&self) -> usize {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(_, e)| matches!(e, Emitted::Resynced(_)))
-            .count()
-    }
-
-    /// The events applied in order to an empty set: what the watcher's consumer believes.
-    fn replayed(&self) -> BTreeSet<String> {
-        let mut up = BTreeSet::new();
-        for (_, e) in self.0.lock().unwrap().iter() {
-            match e {
-                Emitted::Up(host, ..) => {
-                    assert!(up.insert(host.clone()), "HostUp {host} twice in a row");
-                }
-                Emitted::Down(host, _) => {
-                    assert!(up.remove(host), "HostDown {host} while it was down");
-                }
-                _ => {}
-            }
-        }
-        up
-    }
-}
-
-/// A watcher on `store`, its events collected and its views and events witnessed.
-async fn observe(store: &Arc<DynKvLeaseStore>, witness: &Witness) -> Seen {
-    observe_as("watcher", store, witness).await
-}
-
-/// As [`observe`], the watcher witnessed as `who`.
-async fn observe_as(who: &str, store: &Arc<DynKvLeaseStore>, witness: &Witness) -> Seen {
-    let watcher = ClusterWatcher::start(store.clone(), ClusterWatcherConfig::new("hosts/"))
-        .await
-        .unwrap();
-    let seen = Seen::default();
-    let log = seen.clone();
-    witness.follow(who, watcher, move |h| {
-        if let Happening::Emitted(_, e) = h {
-            log.0.lock().unwrap().push((Instant::now(), e.clone()));
-        }
-    });
-    seen
-}
-
-/// One leadership: who, its token, from when, until when (`None` while it lasts).
-type Belief = (String, Revision, Instant, Option<Instant>);
-
-/// Leadership beliefs of one election, as each candidate held them, and when an operator
-/// deposed a leader.
-#[derive(Clone)]
-struct Leaders(
-    Arc<Mutex<Vec<Belief>>>,
-    Arc<Witness>,
-    Arc<Mutex<Vec<Instant>>>,
-);
-
-impl Leaders {
-    /// Beliefs in the election `jobs`, witnessed.
-    fn new(witness: &Arc<Witness>) -> Self {
-        Leaders(Arc::default(), witness.clone(), Arc::default())
-    }
-
-    /// Notes that the test, as an operator, is about to delete the leader's key: the leader
-    /// learns it from its watch as its successor does, and which of the two tasks records it
-    /// first is the scheduler's choice, so their beliefs may overlap by that much. The
-    /// deposed one must have let go within [`SLACK`] of the delete (S3's side of it).
-    fn deposing(&self) {
-        self.1.operator_acts();
-        self.2.lock().unwrap().push(Instant::now());
-    }
-
-    /// A candidate that campaigns for as long as the task runs, recording each leadership.
-    fn candidate(&self, store: Arc<DynKvLeaseStore>, who: &str) -> JoinHandle<()> {
-        let (log, who) = (self.clone(), who.to_owned());
-        tokio::spawn(async move {
-            loop {
-                let Ok(session) =
-                    Session::new(store.clone(), SessionConfig::default().with_ttl(TTL)).await
-                else {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                };
-                let Ok(lead) = Election::new(&session, "jobs").campaign(who.clone()).await else {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                };
-                let i = {
-                    let mut l = log.0.lock().unwrap();
-                    l.push((who.clone(), lead.token(), Instant::now(), None));
-                    log.1.leader_start(&who, "jobs", lead.token());
-                    l.len() - 1
-                };
-                lead.lost().await;
-                let mut l = log.0.lock().unwrap();
-                l[i].3 = Some(Instant::now());
-                log.1.leader_end(&who, "jobs", lead.token());
-            }
-        })
-    }
-
-    /// S1/S2: leaderships never overlap, and tokens only grow.
-    fn assert_exclusive(&self) {
-        let l = self.0.lock().unwrap();
-        let mut sorted: Vec<_> = l.iter().cloned().collect();
-        sorted.sort_by_key(|x| x.2);
-        for w in sorted.windows(2) {
-            let (a, b) = (&w[0], &w[1]);
-            assert!(b.1 > a.1, "token {} after token {}", b.1, a.1);
-            let a_end = a.3.expect("an earlier leadership has ended");
-            let deposed = self
-                .2
-                .lock()
-                .unwrap()
-                .iter()
-                .any(|&d| d <= b.2 && a_end <= d + SLACK);
-            assert!(
-                a_end <= b.2 || deposed,
-                "{} (token {}) and {} (token {}) both led for {:?}",
-                a.0,
-                a.1,
-                b.0,
-                b.1,
-                a_end - b.2
-            );
-        }
-    }
-
-    fn current(&self) -> Option<(String, Revision)> {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .rev()
-            .find(|x| x.3.is_none())
-            .map(|x| (x.0.clone(), x.1))
-    }
-
-    fn count(&self) -> usize {
-        self.0.lock().unwrap().len()
-    }
-}
-
-async fn all_registered(regs: &[HostRegistration], store: &Arc<DynKvLeaseStore>) -> bool {
-    for r in regs {
-        let lease = r.lease_id();
-        let ok = matches!(r.status(), RegistrationStatus::Registered { .. })
-            && store
-                .get_key(r.key())
-                .await
-                .ok()
-                .flatten()
-                .is_some_and(|kv| kv.lease == lease);
-        if !ok {
-            return false;
-        }
-    }
-    true
-}
-
-/// Hosts a, b and c registered, and candidates x and y campaigning, one of them leading.
-async fn hosts_and_an_election(
-    store: &Arc<DynKvLeaseStore>,
-    witness: &Arc<Witness>,
-) -> (Vec<HostRegistration>, Leaders, [JoinHandle<()>; 2]) {
-    let mut regs = Vec::new();
-    for h in ["a", "b", "c"] {
-        regs.push(
-            HostRegistration::start(store.clone(), register(h))
-                .await
-                .unwrap(),
-        );
-    }
-    let leaders = Leaders::new(witness);
-    let candidates = [
-        leaders.candidate(store.clone(), "x"),
-        leaders.candidate(store.clone(), "y"),
-    ];
-    eventually(SLACK * 3, "a leader", || async {
-        leaders.current().is_some()
-    })
-    .await;
-    (regs, leaders, candidates)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1028,8 +798,7 @@ async fn assert_ridden_through(
     assert_eq!(
         leaders.count(),
         leaderships,
-        "a leadership ended on {what}: {:?}",
-        leaders.0.lock().unwrap()
+        "a leadership ended on {what}: {leaders:?}"
     );
     leaders.assert_exclusive();
 }

@@ -1,15 +1,16 @@
-//! The chaos runner's history checkers, on real etcd: a witness records the store's history
-//! (every change, from an observer watching the whole keyspace from the first revision it
-//! sees) beside what the test's nodes believed and what their watchers emitted, and holds it
-//! to the safety invariants that need no lease grants (a watch does not show those): S1 and
-//! S2 (tokens grow, one believer at a time), S3 (no phantom leadership), S4/S5 (every view
-//! equals the store at its revision; every event agrees with the store; no change lost or
-//! doubled) and C1.
+//! The chaos runner's history checkers, on real servers: a witness records the store's
+//! history (every change, from observers watching from the first revision they see) beside
+//! what the test's nodes believed and what their watchers emitted, and holds it to the safety
+//! invariants that need no lease grants (a watch does not show those): S1 and S2 (tokens
+//! grow, one believer at a time), S3 (no phantom leadership), S4/S5 (every view equals the
+//! store at its revision; every event agrees with the store; no change lost or doubled) and
+//! C1; and to the test's own (a fence's writes, `also_check`).
 //!
 //! The checkers compare times: a belief must begin after the change that made it true. A
-//! change's time is when an observer received it, so one observer per member watches, each
-//! on a connection to its member alone, and a change counts from its earliest receipt: a
-//! member the test stops or cuts off delays only its own observer.
+//! change's time is when an observer received it. On etcd one observer per member watches,
+//! each on a connection to its member alone, and a change counts from its earliest receipt: a
+//! member the test stops or cuts off delays only its own observer. On PostgreSQL (one server)
+//! the observers share a store of the witness's own, connected straight to it.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,13 +18,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use coord_api::recipes::ClusterWatcher;
-use coord_api::{Event, EventKind, KeyValue, LeaseId, Revision};
+use coord_api::{
+    DynKvLeaseStore, Event, EventKind, GetRequest, KeyValue, KvLeaseStore, LeaseId, PutRequest,
+    Revision, WatchRequest,
+};
 use coord_chaos::{
-    check, record_watcher, CoordService, Fault, FaultKind, Happening, History, Incarnation,
-    Recorder, Scenario, Service, Violation,
+    check, record_watcher, CoordService, Fault, FaultKind, FencedWrites, Happening, History,
+    Incarnation, Invariant, Recorder, Scenario, Service, Violation,
 };
 use coord_sim::journal::{Entry, Origin};
 use etcd_client::{Client, EventType, WatchOptions};
+use futures::StreamExt;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -31,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 /// The key the witness writes at the end: every change before it has been observed once the
 /// observer sees it. Outside every prefix the tests use.
 const SENTINEL: &str = "~witness/end";
+const SENTINEL_PREFIX: &str = "~witness/";
 
 /// Every change observed, by revision: its earliest receipt, and its events.
 type Observed = Arc<Mutex<BTreeMap<i64, (Instant, Vec<Event>)>>>;
@@ -41,7 +47,7 @@ const APPLICABLE: [&str; 5] = ["S1", "S2", "S3", "S4/S5", "C1"];
 /// Records a real cluster's history for the checkers.
 pub(crate) struct Witness {
     recorder: Recorder,
-    endpoints: Vec<String>,
+    source: Source,
     /// The first revision observed.
     first: Revision,
     /// Every change observed, by revision: its earliest receipt, and its events.
@@ -57,42 +63,46 @@ pub(crate) struct Witness {
     ttl: Duration,
     /// Operator actions recorded, to tell their faults apart.
     operator_acts: AtomicU64,
+    /// The test's own invariants, beside the applicable ones.
+    also: Mutex<Vec<FencedWrites>>,
 }
 
 impl Witness {
     /// Starts observing the cluster at `endpoints` (sessions there have `ttl`).
     pub(crate) async fn start(endpoints: Vec<String>, ttl: Duration) -> Witness {
+        Witness::observing(Source::Etcd(endpoints), ttl).await
+    }
+
+    /// Starts observing through `store`, a connection of the witness's own to a server the
+    /// test does not cut it off from, every key under `prefixes` (the contract has no watch
+    /// of the whole keyspace; a revision that changes nothing under them is reported as
+    /// missed). Sessions there have `ttl`.
+    pub(crate) async fn on_store(
+        store: Arc<DynKvLeaseStore>,
+        prefixes: &[&'static str],
+        ttl: Duration,
+    ) -> Witness {
+        let mut prefixes = prefixes.to_vec();
+        prefixes.push(SENTINEL_PREFIX);
+        Witness::observing(Source::Store(store, prefixes), ttl).await
+    }
+
+    async fn observing(source: Source, ttl: Duration) -> Witness {
         let recorder = Recorder::starting_now();
         let observed = Observed::default();
         let stop = CancellationToken::new();
-        let mut client = Client::connect(endpoints.clone(), None)
-            .await
-            .expect("the witness connects");
-        let first = client
-            .get(
-                "\0",
-                Some(etcd_client::GetOptions::new().with_from_key().with_limit(1)),
-            )
-            .await
-            .expect("the witness reads the revision")
-            .header()
-            .map_or(1, |h| h.revision())
-            + 1;
-        let observers = endpoints
-            .iter()
-            .map(|e| {
-                tokio::spawn(observe(
-                    e.clone(),
-                    Revision(first),
-                    Arc::clone(&observed),
-                    stop.clone(),
-                ))
-            })
-            .collect();
+        let first = Revision(
+            source
+                .revision()
+                .await
+                .expect("the witness reads the revision")
+                + 1,
+        );
+        let observers = source.observers(first, &observed, &stop);
         Witness {
             recorder,
-            endpoints,
-            first: Revision(first),
+            source,
+            first,
             observed,
             observers: Mutex::new(observers),
             stop,
@@ -102,7 +112,13 @@ impl Witness {
             pinning: Mutex::default(),
             ttl,
             operator_acts: AtomicU64::new(0),
+            also: Mutex::default(),
         }
+    }
+
+    /// Holds the history to `fenced` as well.
+    pub(crate) fn also_check(&self, fenced: FencedWrites) {
+        self.also.lock().unwrap().push(fenced);
     }
 
     /// The history node standing for the test's `name` (a host, a candidate).
@@ -127,20 +143,13 @@ impl Witness {
             election: election.to_owned(),
             token,
         });
-        let (endpoints, pins) = (self.endpoints.clone(), self.pins.clone());
+        let (source, pins) = (self.source.clone(), self.pins.clone());
         let pin = tokio::spawn(async move {
             let deadline = Instant::now() + Duration::from_secs(5);
             while Instant::now() < deadline {
-                let read = async {
-                    let mut c = Client::connect(endpoints.clone(), None).await?;
-                    c.get("\0", Some(etcd_client::GetOptions::new().with_limit(1)))
-                        .await
-                };
-                if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(1), read).await {
-                    if let Some(h) = r.header() {
-                        pins.lock().unwrap().push((who, token, h.revision()));
-                        return;
-                    }
+                if let Some(revision) = source.revision().await {
+                    pins.lock().unwrap().push((who, token, revision));
+                    return;
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -216,11 +225,12 @@ impl Witness {
         let count =
             |f: fn(&Happening) -> bool| history.records.iter().filter(|r| f(&r.what)).count();
         println!(
-            "witness: {} commits, {} leaderships, {} watcher views and {} events held to {APPLICABLE:?}: none broken",
+            "witness: {} commits, {} leaderships, {} watcher views and {} events held to {APPLICABLE:?} and {:?}: none broken",
             count(|h| matches!(h, Happening::Store(_))),
             count(|h| matches!(h, Happening::LeaderStart { .. })),
             count(|h| matches!(h, Happening::View { .. })),
             count(|h| matches!(h, Happening::Emitted(..))),
+            self.also.lock().unwrap(),
         );
     }
 
@@ -230,15 +240,11 @@ impl Witness {
         let deadline = Instant::now() + Duration::from_secs(10);
         // etcd-client's balancer may pick a member the test killed: try until one answers.
         let end = loop {
-            let put = async {
-                let mut client = Client::connect(self.endpoints.clone(), None).await?;
-                client.put(SENTINEL, "", None).await
-            };
-            match tokio::time::timeout(Duration::from_secs(2), put).await {
-                Ok(Ok(r)) => break r.header().map_or(0, |h| h.revision()),
-                failed => assert!(
+            match self.source.sentinel().await {
+                Ok(revision) => break revision,
+                Err(failed) => assert!(
                     Instant::now() < deadline,
-                    "the witness's sentinel write failed for 10 s: {failed:?}"
+                    "the witness's sentinel write failed for 10 s: {failed}"
                 ),
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -316,11 +322,19 @@ impl Witness {
         history.records.sort_by_key(|r| r.at);
         let mut scenario = Scenario::default();
         scenario.ttl = self.ttl;
+        let also: Vec<Box<dyn Invariant>> = self
+            .also
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|f| Box::new(f.clone()) as Box<dyn Invariant>)
+            .collect();
         let invariants: Vec<_> = CoordService
             .invariants(&scenario)
             .into_iter()
             .chain(coord_chaos::generic())
             .filter(|i| APPLICABLE.contains(&i.name()))
+            .chain(also)
             .collect();
         (check(&scenario, &history, &invariants), history)
     }
@@ -328,6 +342,94 @@ impl Witness {
     /// Records `what` as happening now (for a test that plants a wrong belief).
     pub(crate) fn record(&self, what: Happening) {
         self.recorder.record(what);
+    }
+}
+
+/// Where the witness reads the store's history.
+#[derive(Clone)]
+enum Source {
+    /// Real etcd members, each observed on a connection to it alone.
+    Etcd(Vec<String>),
+    /// A store of the witness's own (one PostgreSQL server), one observer per prefix.
+    Store(Arc<DynKvLeaseStore>, Vec<&'static str>),
+}
+
+impl Source {
+    /// The store's revision now, if it answers within a second.
+    async fn revision(&self) -> Option<i64> {
+        let read = async {
+            match self {
+                Source::Etcd(endpoints) => {
+                    let mut c = Client::connect(endpoints.clone(), None).await.ok()?;
+                    let r = c
+                        .get("\0", Some(etcd_client::GetOptions::new().with_limit(1)))
+                        .await
+                        .ok()?;
+                    r.header().map(|h| h.revision())
+                }
+                Source::Store(store, _) => {
+                    let r = store.get(GetRequest::key(SENTINEL)).await.ok()?;
+                    Some(r.revision.get())
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(1), read)
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Writes the sentinel; its revision.
+    async fn sentinel(&self) -> Result<i64, String> {
+        let put = async {
+            match self {
+                Source::Etcd(endpoints) => {
+                    let mut client = Client::connect(endpoints.clone(), None)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let r = client
+                        .put(SENTINEL, "", None)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    Ok(r.header().map_or(0, |h| h.revision()))
+                }
+                Source::Store(store, _) => store
+                    .put(PutRequest::new(SENTINEL, ""))
+                    .await
+                    .map(|r| r.revision.get())
+                    .map_err(|e| e.to_string()),
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(2), put)
+            .await
+            .map_err(|_| "no answer in 2 s".to_owned())?
+    }
+
+    /// The observers, from revision `from` on.
+    fn observers(
+        &self,
+        from: Revision,
+        observed: &Observed,
+        stop: &CancellationToken,
+    ) -> Vec<JoinHandle<()>> {
+        match self {
+            Source::Etcd(endpoints) => endpoints
+                .iter()
+                .map(|e| tokio::spawn(observe(e.clone(), from, observed.clone(), stop.clone())))
+                .collect(),
+            Source::Store(store, prefixes) => prefixes
+                .iter()
+                .map(|p| {
+                    tokio::spawn(observe_store(
+                        store.clone(),
+                        p,
+                        from,
+                        observed.clone(),
+                        stop.clone(),
+                    ))
+                })
+                .collect(),
+        }
     }
 }
 
@@ -429,6 +531,64 @@ async fn observe(
                 all.entry(revision)
                     .and_modify(|(earliest, _)| *earliest = (*earliest).min(at))
                     .or_insert((at, events));
+            }
+        }
+    }
+}
+
+/// As [`observe`], through the trait's watch on `store`, of the keys under `prefix`: each
+/// revision's events join those other prefixes' observers found in it, in key order.
+async fn observe_store(
+    store: Arc<DynKvLeaseStore>,
+    prefix: &'static str,
+    mut from: Revision,
+    observed: Observed,
+    stop: CancellationToken,
+) {
+    loop {
+        let opened = store.watch(
+            WatchRequest::prefix(prefix)
+                .with_start_revision(from)
+                .with_prev_kv(),
+        );
+        let opened = tokio::time::timeout(Duration::from_secs(1), opened);
+        let mut stream = tokio::select! {
+            _ = stop.cancelled() => return,
+            s = opened => match s {
+                Ok(Ok(s)) => s,
+                _ => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        loop {
+            let msg = tokio::select! {
+                _ = stop.cancelled() => return,
+                m = stream.next() => m,
+            };
+            let resp = match msg {
+                Some(Ok(resp)) => resp,
+                Some(Err(coord_api::Error::Compacted { compact_revision, .. })) => panic!(
+                    "a witness's observer fell behind a compaction at {compact_revision}: the history is incomplete"
+                ),
+                _ => break,
+            };
+            let at = Instant::now();
+            let mut by_revision: BTreeMap<i64, Vec<Event>> = BTreeMap::new();
+            for e in resp.events {
+                by_revision
+                    .entry(e.kv.mod_revision.get())
+                    .or_default()
+                    .push(e);
+            }
+            let mut all = observed.lock().unwrap();
+            for (revision, events) in by_revision {
+                from = Revision(revision + 1);
+                let (earliest, known) = all.entry(revision).or_insert((at, Vec::new()));
+                *earliest = (*earliest).min(at);
+                known.extend(events);
+                known.sort_by(|a, b| a.kv.key.cmp(&b.kv.key));
             }
         }
     }

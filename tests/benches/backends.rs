@@ -1,12 +1,16 @@
 //! etcd and PostgreSQL side by side, through the same `KvLeaseStore`: put latency, concurrent
-//! put throughput, and the delay from a put's return to its event at a watch on another
-//! connection, under a steady write load. The two backends run interleaved, round by round,
+//! put throughput, the delay from a put's return to its event at a watch on another
+//! connection under a steady write load, and an election's failover (resign to successor; a
+//! crashed leader to successor, from its last renewal, TTL 2 s). The two backends run interleaved, round by round,
 //! in one run, so a busy machine weighs on both alike. Prints the figures; BENCHMARKS.md
 //! keeps them by hand.
 //!
 //! ```text
 //! cargo bench -p coord-tests --bench backends
 //! ```
+
+#[path = "shared/leaders.rs"]
+mod leaders;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,11 +34,35 @@ fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1000.0)
 }
 
+/// The crashed leader's TTL: the store expires its lease that long after its last renewal.
+const TTL: Duration = Duration::from_secs(2);
+
 #[derive(Default)]
 struct Figures {
     put: Vec<Duration>,
     per_second: Vec<f64>,
     delay: Vec<Duration>,
+    resign: Vec<Duration>,
+    crash: Vec<Duration>,
+}
+
+/// One resignation and one crash of a leader, each timed to its successor's leadership.
+async fn failover(store: &Arc<DynKvLeaseStore>, round: usize, f: &mut Figures) {
+    let (_a, _b, lead, waiting) =
+        leaders::leader_and_waiting(store, &format!("fo/resign/{round}"), TTL).await;
+    let t = Instant::now();
+    lead.resign().await.expect("a resignation");
+    let _successor = waiting.await.expect("the successor").expect("a leadership");
+    f.resign.push(t.elapsed());
+    let (a, _b, lead, waiting) =
+        leaders::leader_and_waiting(store, &format!("fo/crash/{round}"), TTL).await;
+    // From the last renewal: the store expires the lease TTL after it, whenever in the
+    // renewal period the crash came. Dropped, nothing is revoked.
+    let renewed = (a.deadline() - TTL).into_std();
+    drop(lead);
+    drop(a);
+    let _successor = waiting.await.expect("the successor").expect("a leadership");
+    f.crash.push(renewed.elapsed());
 }
 
 async fn sequential_puts(store: &DynKvLeaseStore, round: usize, into: &mut Vec<Duration>) {
@@ -117,23 +145,31 @@ async fn round(
 ) {
     sequential_puts(&*store, r, &mut f.put).await;
     f.per_second.push(concurrent_puts(store.clone(), r).await);
-    watch_delays(store, &*other, r, &mut f.delay).await;
+    watch_delays(store.clone(), &*other, r, &mut f.delay).await;
+    failover(&store, r, f).await;
     println!("  round {r} done: {name}");
 }
 
 fn report(name: &str, f: &mut Figures) {
     f.put.sort();
     f.delay.sort();
+    f.resign.sort();
+    f.crash.sort();
     f.per_second.sort_by(f64::total_cmp);
     println!(
         "{name:<10} put median {} p99 {} | {CONCURRENT} concurrent: median {:.0} puts/s | \
-         watch delay at {LOAD} writes/s: median {} p99 {} max {}",
+         watch delay at {LOAD} writes/s: median {} p99 {} max {} | \
+         resign to successor: median {} max {} | crash to successor (TTL {TTL:?}): median {} max {}",
         ms(percentile(&f.put, 0.5)),
         ms(percentile(&f.put, 0.99)),
         f.per_second[f.per_second.len() / 2],
         ms(percentile(&f.delay, 0.5)),
         ms(percentile(&f.delay, 0.99)),
         ms(*f.delay.last().expect("delays")),
+        ms(percentile(&f.resign, 0.5)),
+        ms(*f.resign.last().expect("resignations")),
+        ms(percentile(&f.crash, 0.5)),
+        ms(*f.crash.last().expect("crashes")),
     );
 }
 

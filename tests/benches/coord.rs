@@ -13,13 +13,16 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[path = "shared/leaders.rs"]
+mod leaders;
+
 use std::fmt::Write as _;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use coord_api::recipes::{
-    ClusterWatcher, ClusterWatcherConfig, Election, ElectionPool, HostRegistration, Leadership,
+    ClusterWatcher, ClusterWatcherConfig, Election, ElectionPool, HostRegistration,
     RegistrationConfig, Session, SessionConfig,
 };
 use coord_api::{
@@ -32,8 +35,8 @@ use coord_chaos::{
 };
 use coord_etcd::testing::EtcdCluster;
 use coord_sim::{journal::Entry, SimStore};
+use leaders::leader_and_waiting;
 use tokio::io::AsyncBufReadExt;
-use tokio::task::JoinHandle;
 
 struct Report {
     md: String,
@@ -376,32 +379,6 @@ async fn printed(child: &mut tokio::process::Child, what: &str, bound: Duration)
     })
     .await
     .unwrap_or(false)
-}
-
-/// Session a leads election `name`; session b's campaign is queued behind it.
-async fn leader_and_waiting(
-    store: &Arc<DynKvLeaseStore>,
-    name: &str,
-    ttl: Duration,
-) -> (
-    Session,
-    Session,
-    Leadership,
-    JoinHandle<coord_api::Result<Leadership>>,
-) {
-    let a = Session::new(store.clone(), SessionConfig::default().with_ttl(ttl))
-        .await
-        .unwrap();
-    let b = Session::new(store.clone(), SessionConfig::default().with_ttl(ttl))
-        .await
-        .unwrap();
-    let lead = Election::new(&a, name).campaign("a").await.unwrap();
-    let eb = Election::new(&b, name);
-    let waiting = tokio::spawn(async move { eb.campaign("b").await });
-    while store.get_prefix(format!("{name}/")).await.unwrap().count < 2 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    (a, b, lead, waiting)
 }
 
 async fn failover(r: &mut Report, quick: bool) {

@@ -1,0 +1,296 @@
+//! The parts the fault tests run on any backend, and what they record: hosts registered, a
+//! watcher's events, candidates campaigning and writing through their fence, each
+//! leadership as its candidate believed it; all of it witnessed (`witness.rs`).
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use coord_api::recipes::{
+    ClusterWatcher, ClusterWatcherConfig, Election, HostRegistration, RegistrationConfig,
+    RegistrationStatus, Session, SessionConfig,
+};
+use coord_api::testkit::eventually;
+use coord_api::{DynKvLeaseStore, KvLeaseStoreExt, PutRequest, Revision, TxnRequest};
+use coord_chaos::{Emitted, FencedWrites, Happening};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::witness::Witness;
+
+/// Every session's TTL.
+pub(crate) const TTL: Duration = Duration::from_secs(3);
+/// Slack for the server's own timers and a loaded 2-core machine.
+pub(crate) const SLACK: Duration = Duration::from_secs(1);
+/// The election the candidates campaign in.
+pub(crate) const ELECTION: &str = "jobs";
+/// The key a leader writes its token to, through its fence, every [`WORK_EVERY`].
+pub(crate) const WORK: &str = "work/jobs";
+/// How often a leader writes.
+const WORK_EVERY: Duration = Duration::from_millis(100);
+
+pub(crate) fn register(host: &str) -> RegistrationConfig {
+    RegistrationConfig::new(format!("hosts/{host}"), host.to_owned())
+        .with_ttl(TTL)
+        .with_backoff(Duration::from_millis(100), Duration::from_secs(1))
+}
+
+/// A watcher's events, each with when it arrived.
+#[derive(Clone, Default)]
+pub(crate) struct Seen(Arc<Mutex<Vec<(Instant, Emitted)>>>);
+
+impl Seen {
+    pub(crate) fn downs(&self, host: &str) -> Vec<Instant> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, e)| matches!(e, Emitted::Down(h, _) if h == host))
+            .map(|(t, _)| *t)
+            .collect()
+    }
+
+    pub(crate) fn ups(&self, host: &str) -> Vec<Instant> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, e)| matches!(e, Emitted::Up(h, ..) if h == host))
+            .map(|(t, _)| *t)
+            .collect()
+    }
+
+    /// Whether the watcher emitted `host` up at `revision` or later.
+    pub(crate) fn up_since(&self, host: &str, revision: Revision) -> bool {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(_, e)| matches!(e, Emitted::Up(h, _, r) if h == host && *r >= revision))
+    }
+
+    /// How many times the watcher re-listed.
+    /// When the latest event was emitted.
+    pub(crate) fn last_event(&self) -> Option<Instant> {
+        self.0.lock().unwrap().last().map(|(at, _)| *at)
+    }
+
+    pub(crate) fn relists(&self) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, e)| matches!(e, Emitted::Resynced(_)))
+            .count()
+    }
+
+    /// The events applied in order to an empty set: what the watcher's consumer believes.
+    pub(crate) fn replayed(&self) -> BTreeSet<String> {
+        let mut up = BTreeSet::new();
+        for (_, e) in self.0.lock().unwrap().iter() {
+            match e {
+                Emitted::Up(host, ..) => {
+                    assert!(up.insert(host.clone()), "HostUp {host} twice in a row");
+                }
+                Emitted::Down(host, _) => {
+                    assert!(up.remove(host), "HostDown {host} while it was down");
+                }
+                _ => {}
+            }
+        }
+        up
+    }
+}
+
+/// A watcher on `store`, its events collected and its views and events witnessed.
+pub(crate) async fn observe(store: &Arc<DynKvLeaseStore>, witness: &Witness) -> Seen {
+    observe_as("watcher", store, witness).await
+}
+
+/// As [`observe`], the watcher witnessed as `who`.
+pub(crate) async fn observe_as(who: &str, store: &Arc<DynKvLeaseStore>, witness: &Witness) -> Seen {
+    let watcher = ClusterWatcher::start(store.clone(), ClusterWatcherConfig::new("hosts/"))
+        .await
+        .unwrap();
+    let seen = Seen::default();
+    let log = seen.clone();
+    witness.follow(who, watcher, move |h| {
+        if let Happening::Emitted(_, e) = h {
+            log.0.lock().unwrap().push((Instant::now(), e.clone()));
+        }
+    });
+    seen
+}
+
+/// One leadership: who, its token, from when, until when (`None` while it lasts).
+type Belief = (String, Revision, Instant, Option<Instant>);
+
+/// Leadership beliefs of one election, as each candidate held them, and when an operator
+/// deposed a leader.
+#[derive(Clone)]
+pub(crate) struct Leaders(
+    Arc<Mutex<Vec<Belief>>>,
+    Arc<Witness>,
+    Arc<Mutex<Vec<Instant>>>,
+);
+
+impl std::fmt::Debug for Leaders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.0.lock().unwrap().iter())
+            .finish()
+    }
+}
+
+impl Leaders {
+    /// Beliefs in the election [`ELECTION`], witnessed; the witness also holds the store to
+    /// the leaders' fence: every write of [`WORK`] it accepted carries the token of the leader
+    /// at that revision, and tokens there never go back.
+    pub(crate) fn new(witness: &Arc<Witness>) -> Self {
+        witness.also_check(FencedWrites::new(ELECTION, WORK, |value| {
+            std::str::from_utf8(value).ok()?.parse().ok().map(Revision)
+        }));
+        Leaders(Arc::default(), witness.clone(), Arc::default())
+    }
+
+    /// Notes that the test, as an operator, is about to delete the leader's key: the leader
+    /// learns it from its watch as its successor does, and which of the two tasks records it
+    /// first is the scheduler's choice, so their beliefs may overlap by that much. The
+    /// deposed one must have let go within [`SLACK`] of the delete (S3's side of it).
+    pub(crate) fn deposing(&self) {
+        self.1.operator_acts();
+        self.2.lock().unwrap().push(Instant::now());
+    }
+
+    /// A candidate that campaigns for as long as the task runs, recording each leadership;
+    /// while it leads, it writes its token to [`WORK`] through its fence every 100 ms.
+    pub(crate) fn candidate(&self, store: Arc<DynKvLeaseStore>, who: &str) -> JoinHandle<()> {
+        let (log, who) = (self.clone(), who.to_owned());
+        tokio::spawn(async move {
+            loop {
+                let Ok(session) =
+                    Session::new(store.clone(), SessionConfig::default().with_ttl(TTL)).await
+                else {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                };
+                let Ok(lead) = Election::new(&session, ELECTION)
+                    .campaign(who.clone())
+                    .await
+                else {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                };
+                let i = {
+                    let mut l = log.0.lock().unwrap();
+                    l.push((who.clone(), lead.token(), Instant::now(), None));
+                    log.1.leader_start(&who, ELECTION, lead.token());
+                    l.len() - 1
+                };
+                let work = async {
+                    loop {
+                        tokio::time::sleep(WORK_EVERY).await;
+                        let write = PutRequest::new(WORK, lead.token().to_string());
+                        // Refused once the term is over (the fence), or lost in a fault.
+                        let _ = lead.txn(TxnRequest::new().and_then([write])).await;
+                    }
+                };
+                tokio::select! {
+                    _ = lead.lost() => {}
+                    _ = work => {}
+                }
+                let mut l = log.0.lock().unwrap();
+                l[i].3 = Some(Instant::now());
+                log.1.leader_end(&who, ELECTION, lead.token());
+            }
+        })
+    }
+
+    /// S1/S2: leaderships never overlap, and tokens only grow.
+    pub(crate) fn assert_exclusive(&self) {
+        let l = self.0.lock().unwrap();
+        let mut sorted: Vec<_> = l.iter().cloned().collect();
+        sorted.sort_by_key(|x| x.2);
+        for w in sorted.windows(2) {
+            let (a, b) = (&w[0], &w[1]);
+            assert!(b.1 > a.1, "token {} after token {}", b.1, a.1);
+            let a_end = a.3.expect("an earlier leadership has ended");
+            let deposed = self
+                .2
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|&d| d <= b.2 && a_end <= d + SLACK);
+            assert!(
+                a_end <= b.2 || deposed,
+                "{} (token {}) and {} (token {}) both led for {:?}",
+                a.0,
+                a.1,
+                b.0,
+                b.1,
+                a_end - b.2
+            );
+        }
+    }
+
+    /// The leadership believed now, if any.
+    pub(crate) fn current(&self) -> Option<(String, Revision)> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|x| x.3.is_none())
+            .map(|x| (x.0.clone(), x.1))
+    }
+
+    /// How many leaderships began.
+    pub(crate) fn count(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+}
+
+pub(crate) async fn all_registered(
+    regs: &[HostRegistration],
+    store: &Arc<DynKvLeaseStore>,
+) -> bool {
+    for r in regs {
+        let lease = r.lease_id();
+        let ok = matches!(r.status(), RegistrationStatus::Registered { .. })
+            && store
+                .get_key(r.key())
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|kv| kv.lease == lease);
+        if !ok {
+            return false;
+        }
+    }
+    true
+}
+
+/// Hosts a, b and c registered, and candidates x and y campaigning, one of them leading.
+pub(crate) async fn hosts_and_an_election(
+    store: &Arc<DynKvLeaseStore>,
+    witness: &Arc<Witness>,
+) -> (Vec<HostRegistration>, Leaders, [JoinHandle<()>; 2]) {
+    let mut regs = Vec::new();
+    for h in ["a", "b", "c"] {
+        regs.push(
+            HostRegistration::start(store.clone(), register(h))
+                .await
+                .unwrap(),
+        );
+    }
+    let leaders = Leaders::new(witness);
+    let candidates = [
+        leaders.candidate(store.clone(), "x"),
+        leaders.candidate(store.clone(), "y"),
+    ];
+    eventually(SLACK * 3, "a leader", || async {
+        leaders.current().is_some()
+    })
+    .await;
+    (regs, leaders, candidates)
+}

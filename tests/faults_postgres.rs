@@ -1,0 +1,549 @@
+//! The recipes through the faults a PostgreSQL deployment suffers, on a real server each test
+//! starts (issue 42): kill -9 and restart, SIGSTOP past the TTL, every client backend killed
+//! by the server (`pg_terminate_backend`, as an operator or a failover does), a client cut off
+//! through a proxy (shorter and longer than the TTL; connections frozen without a reset), and
+//! more requests at once than the store's pool has connections.
+//!
+//! Each test runs hosts registering, a watcher, and candidates that write their token through
+//! their fence while they lead, all at the library's defaults; asserts the bounds of
+//! docs/INVARIANTS.md; and prints what it measured. Real time: TTL 3 s; slack 1 s for the
+//! store's 200 ms sweep and a loaded 2-core machine. Each holds its whole history to the
+//! chaos runner's checkers (`witness.rs`: S1 with the fence, S2, S3, S4/S5, C1), observed
+//! through a store of the witness's own, straight to the server.
+
+// The etcd fault tests use the rest of both (an operator deposing a leader, re-lists, the
+// witness's etcd observers).
+#[allow(dead_code)]
+#[path = "faults/parts.rs"]
+mod parts;
+#[allow(dead_code)]
+#[path = "witness.rs"]
+mod witness;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use coord_api::recipes::{HostRegistration, RegistrationStatus, Session, SessionConfig};
+use coord_api::testkit::eventually;
+use coord_api::{DynKvLeaseStore, KvLeaseStore, KvLeaseStoreExt, PutRequest, Revision};
+use coord_chaos::{Emitted, Happening};
+use coord_postgres::testing::{PostgresServer, TcpProxy};
+use coord_postgres::{PostgresConfig, PostgresStore};
+use parts::{
+    all_registered, hosts_and_an_election, observe, observe_as, register, Leaders, Seen, ELECTION,
+    SLACK, TTL, WORK,
+};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use witness::Witness;
+
+/// The store's lease sweep (its default interval): how late after its deadline an expired
+/// lease's keys go.
+const SWEEP: Duration = Duration::from_millis(200);
+
+async fn single() -> (PostgresServer, Arc<DynKvLeaseStore>, Arc<Witness>) {
+    let server = PostgresServer::start()
+        .await
+        .unwrap_or_else(|e| panic!("cannot start PostgreSQL: {e}"));
+    let observer: Arc<DynKvLeaseStore> = Arc::new(server.store().await);
+    let witness =
+        Arc::new(Witness::on_store(observer, &["hosts/", "jobs/", "work/", "load/"], TTL).await);
+    let store: Arc<DynKvLeaseStore> = Arc::new(server.store().await);
+    (server, store, witness)
+}
+
+/// A client of the server through a proxy of its own (so a test can cut it off alone), at
+/// the library's defaults.
+async fn proxied(server: &PostgresServer) -> (Arc<DynKvLeaseStore>, TcpProxy) {
+    let target = format!("127.0.0.1:{}", server.port())
+        .parse()
+        .expect("a socket address");
+    let proxy = TcpProxy::start(target).await.expect("a proxy");
+    let config = PostgresConfig::new(server.connection_to(proxy.port()))
+        .with_progress_notify_interval(Duration::from_secs(1));
+    let store: Arc<DynKvLeaseStore> = Arc::new(
+        PostgresStore::connect(config)
+            .await
+            .expect("connect through the proxy"),
+    );
+    (store, proxy)
+}
+
+/// What a fault the recipes ride through must leave as it was: the leader, how many
+/// leaderships began, and each host's HostDown count.
+#[derive(Debug, PartialEq)]
+struct Standing {
+    leader: Option<(String, Revision)>,
+    leaderships: usize,
+    downs: Vec<usize>,
+}
+
+fn standing(regs: &[HostRegistration], seen: &Seen, leaders: &Leaders) -> Standing {
+    Standing {
+        leader: leaders.current(),
+        leaderships: leaders.count(),
+        downs: regs
+            .iter()
+            .map(|r| seen.downs(&r.key()["hosts/".len()..]).len())
+            .collect(),
+    }
+}
+
+/// After a TTL and a second of quiet: every registration healthy, and nothing changed since
+/// `before` (no HostDown, the same leader, no leadership begun).
+async fn assert_ridden_through(
+    what: &str,
+    store: &Arc<DynKvLeaseStore>,
+    regs: &[HostRegistration],
+    seen: &Seen,
+    leaders: &Leaders,
+    before: Standing,
+) {
+    tokio::time::sleep(TTL + SLACK).await;
+    assert!(
+        all_registered(regs, store).await,
+        "a registration unhealthy after {what}"
+    );
+    assert_eq!(
+        standing(regs, seen, leaders),
+        before,
+        "HostDown or a leadership change on {what}: {leaders:?}"
+    );
+    leaders.assert_exclusive();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_and_restart_of_the_server() {
+    let (server, store, witness) = single().await;
+    let seen = observe(&store, &witness).await;
+    let (regs, leaders, _candidates) = hosts_and_an_election(&store, &witness).await;
+
+    server.kill();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    server.restart().await.expect("PostgreSQL restarted");
+    let back = Instant::now();
+    // Leases live in the server's tables, on its clock: an outage shorter than the TTL costs
+    // none of them; the recipes' next renewals and requests find the server back.
+    let bound = TTL + SLACK;
+    eventually(bound, "every registration healthy again", || {
+        all_registered(&regs, &store)
+    })
+    .await;
+    let healed = back.elapsed();
+    eventually(bound, "a leader", || async { leaders.current().is_some() }).await;
+    let led = back.elapsed();
+    // Watch after recovery: a host registered now reaches the watcher.
+    let after = HostRegistration::start(store.clone(), register("after"))
+        .await
+        .expect("a registration after the restart");
+    eventually(
+        bound,
+        "the watcher to see a host registered after",
+        || async { !seen.ups("after").is_empty() },
+    )
+    .await;
+    let seen_after = back.elapsed();
+    drop(after);
+    leaders.assert_exclusive();
+    witness.check().await;
+    println!(
+        "measured: kill -9 of PostgreSQL, restarted 1 s later: registrations healthy {healed:?}, a leader {led:?}, a new host on the watcher {seen_after:?} after it answered; {} leaderships in all",
+        leaders.count()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigstop_of_the_server_longer_than_the_ttl() {
+    let (server, store, witness) = single().await;
+    let seen = observe(&store, &witness).await;
+    let regs = vec![HostRegistration::start(store.clone(), register("a"))
+        .await
+        .unwrap()];
+    let leaders = Leaders::new(&witness);
+    let _c1 = leaders.candidate(store.clone(), "x");
+    let _c2 = leaders.candidate(store.clone(), "y");
+    eventually(SLACK * 3, "a leader", || async {
+        leaders.current().is_some()
+    })
+    .await;
+
+    let stall = TTL + Duration::from_secs(2);
+    server.pause();
+    // Sessions asked for during the stall: granted only after SIGCONT, on the server's clock
+    // then, so none is born expired.
+    let stalled = Instant::now();
+    let mut asked = Vec::new();
+    for into in [1000, 2900, 4500].map(Duration::from_millis) {
+        tokio::time::sleep_until(stalled + into).await;
+        let store = store.clone();
+        asked.push(tokio::spawn(async move {
+            Session::new(store, SessionConfig::default().with_ttl(TTL)).await
+        }));
+    }
+    tokio::time::sleep_until(stalled + stall).await;
+    // Every session's local deadline has passed: nobody may believe it leads.
+    assert_eq!(
+        leaders.current(),
+        None,
+        "a leadership outlived its deadline while PostgreSQL was stopped"
+    );
+    server.resume();
+    let back = Instant::now();
+    // The server's clock ran on while it was stopped: every lease is past its deadline, and
+    // the first sweep after SIGCONT expires them; the recipes start over.
+    let bound = TTL + SWEEP + SLACK * 2;
+    eventually(bound, "the registration healthy again", || {
+        all_registered(&regs, &store)
+    })
+    .await;
+    let healed = back.elapsed();
+    eventually(bound, "a leader", || async { leaders.current().is_some() }).await;
+    let led = back.elapsed();
+    let created = store
+        .get_key("hosts/a")
+        .await
+        .unwrap()
+        .unwrap()
+        .create_revision;
+    eventually(bound, "the watcher to converge", || async {
+        seen.up_since("a", created)
+            && seen.replayed() == ["a"].map(String::from).into_iter().collect()
+    })
+    .await;
+    let mut sessions = Vec::new();
+    for s in asked {
+        sessions.push(
+            s.await
+                .unwrap()
+                .expect("a session asked for during the stall"),
+        );
+    }
+    // A TTL and a second of quiet after recovery: nothing changes.
+    let before = standing(&regs, &seen, &leaders);
+    assert_ridden_through("recovery", &store, &regs, &seen, &leaders, before).await;
+    for s in &sessions {
+        assert!(
+            !s.is_done(),
+            "session {} ended after recovery: {:?}",
+            s.lease(),
+            s.health()
+        );
+    }
+    witness.check().await;
+    println!(
+        "measured: SIGSTOP {stall:?} then SIGCONT: registration healthy {healed:?}, a leader {led:?} after; then {:?} without a change",
+        TTL + SLACK
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_client_backend_killed_is_ridden_through() {
+    let (server, store, witness) = single().await;
+    let seen = observe(&store, &witness).await;
+    let (regs, leaders, _candidates) = hosts_and_an_election(&store, &witness).await;
+    let before = standing(&regs, &seen, &leaders);
+    let mut killed = 0;
+    for _ in 0..3 {
+        killed += server.terminate_backends().await.expect("backends killed");
+        tokio::time::sleep(TTL / 3).await;
+    }
+    assert!(killed > 0, "no backend was there to kill");
+    // Watch after recovery: a host registered now reaches the watcher.
+    let after = HostRegistration::start(store.clone(), register("after"))
+        .await
+        .expect("a registration after the kills");
+    eventually(
+        TTL,
+        "the watcher to see a host registered after",
+        || async { !seen.ups("after").is_empty() },
+    )
+    .await;
+    drop(after);
+    assert_ridden_through(
+        "every backend killed, three times",
+        &store,
+        &regs,
+        &seen,
+        &leaders,
+        before,
+    )
+    .await;
+    witness.check().await;
+    println!(
+        "measured: {killed} client backends killed in three waves {:?} apart: no HostDown, no leader change, the watcher current",
+        TTL / 3
+    );
+}
+
+/// Host p, registered and leading through a proxy of its own (so it alone can be cut off);
+/// candidate q queued behind it on a direct connection; a watcher on a direct connection.
+struct Partitionable {
+    _server: PostgresServer,
+    witness: Arc<Witness>,
+    seen: Seen,
+    proxy: TcpProxy,
+    reg: HostRegistration,
+    leaders: Leaders,
+    _candidates: [JoinHandle<()>; 2],
+}
+
+async fn partitionable() -> Partitionable {
+    let (server, store, witness) = single().await;
+    let seen = observe(&store, &witness).await;
+    let (client, proxy) = proxied(&server).await;
+    let reg = HostRegistration::start(client.clone(), register("p"))
+        .await
+        .unwrap();
+    let leaders = Leaders::new(&witness);
+    let p = leaders.candidate(client.clone(), "p");
+    eventually(SLACK * 3, "p to lead", || async {
+        leaders.current().is_some()
+    })
+    .await;
+    let q = leaders.candidate(store.clone(), "q");
+    eventually(SLACK, "q to queue", || async {
+        store.get_prefix("jobs/").await.unwrap().count == 2
+    })
+    .await;
+    Partitionable {
+        _server: server,
+        witness,
+        seen,
+        proxy,
+        reg,
+        leaders,
+        _candidates: [p, q],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_shorter_than_the_ttl_is_ridden_through() {
+    // Borrowed, not moved: the fields left out (the server, the candidates) must live.
+    let setup = partitionable().await;
+    let Partitionable {
+        witness,
+        seen,
+        proxy,
+        reg,
+        leaders,
+        ..
+    } = &setup;
+    let before = leaders.current();
+    // Shorter than TTL - 2 x (TTL/3): a renewal period of margin on each side.
+    let cut = TTL / 3 - Duration::from_millis(200);
+    proxy.blackhole();
+    tokio::time::sleep(cut).await;
+    proxy.heal();
+    tokio::time::sleep(TTL + SLACK).await;
+    assert!(
+        seen.downs("p").is_empty(),
+        "HostDown for a {cut:?} partition"
+    );
+    assert_eq!(
+        leaders.current(),
+        before,
+        "the leader changed over a {cut:?} partition"
+    );
+    assert!(matches!(
+        reg.status(),
+        RegistrationStatus::Registered { .. }
+    ));
+    leaders.assert_exclusive();
+    witness.check().await;
+    println!("measured: a {cut:?} partition: no HostDown, no leader change");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_longer_than_the_ttl_expires_then_heals() {
+    let setup = partitionable().await;
+    let Partitionable {
+        witness,
+        seen,
+        proxy,
+        reg,
+        leaders,
+        ..
+    } = &setup;
+
+    proxy.blackhole();
+    let cut = Instant::now();
+    // L3: the key goes by the last renewal + TTL + the sweep; the watcher says so at once.
+    let down_bound = TTL + SWEEP + SLACK;
+    eventually(down_bound, "HostDown for p", || async {
+        !seen.downs("p").is_empty()
+    })
+    .await;
+    let down = cut.elapsed();
+    eventually(down_bound, "q to take over", || async {
+        leaders.current().is_some_and(|(w, _)| w == "q")
+    })
+    .await;
+    let failover = cut.elapsed();
+    tokio::time::sleep((TTL * 2).saturating_sub(cut.elapsed())).await;
+    proxy.heal();
+    let healed_at = Instant::now();
+    // L1: back within the backoff, a request timeout for a connection the blackhole left
+    // dead, and a couple of requests.
+    let up_bound = Duration::from_secs(1) + TTL / 3 * 2 + SLACK;
+    eventually(up_bound, "HostUp for p again", || async {
+        seen.ups("p").len() >= 2
+    })
+    .await;
+    let up = healed_at.elapsed();
+    eventually(SLACK, "p's registration to say Registered", || async {
+        matches!(reg.status(), RegistrationStatus::Registered { .. })
+    })
+    .await;
+    leaders.assert_exclusive();
+    witness.check().await;
+    println!(
+        "measured: partition of {:?}: HostDown {down:?} after the cut (bound {down_bound:?}), q leads {failover:?} after; HostUp {up:?} after the heal (bound {up_bound:?})",
+        TTL * 2
+    );
+}
+
+/// A middlebox forgets every connection of p's client at once, twice: they stay open and carry
+/// nothing, either way. Only timeouts tell: the store, at its defaults, must stop using them
+/// before its sessions' deadlines (the session abandons an unanswered renewal, which closes
+/// its connection; the listener's own poll finds its connection dead), and the watcher on p's
+/// client must see a host that registers afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_die_without_a_reset_are_replaced_within_the_ttl() {
+    let (server, store, witness) = single().await;
+    let seen = observe(&store, &witness).await;
+    let (client, proxy) = proxied(&server).await;
+    let reg = HostRegistration::start(client.clone(), register("p"))
+        .await
+        .unwrap();
+    let seen_by_p = observe_as("p's watcher", &client, &witness).await;
+    let leaders = Leaders::new(&witness);
+    let _p = leaders.candidate(client.clone(), "p");
+    eventually(SLACK * 3, "p to lead", || async {
+        leaders.current().is_some()
+    })
+    .await;
+    let _q = leaders.candidate(store.clone(), "q");
+    let before = leaders.current();
+    for wave in 1..=2 {
+        proxy.freeze_connections();
+        tokio::time::sleep(TTL + SLACK).await;
+        assert!(seen.downs("p").is_empty(), "HostDown for p in wave {wave}");
+        assert_eq!(
+            leaders.current(),
+            before,
+            "the leader changed in wave {wave}"
+        );
+        assert!(
+            matches!(reg.status(), RegistrationStatus::Registered { .. }),
+            "p unregistered in wave {wave}: {:?}",
+            reg.status()
+        );
+    }
+    let after = HostRegistration::start(store.clone(), register("after"))
+        .await
+        .unwrap();
+    let registered = Instant::now();
+    eventually(
+        TTL + SLACK,
+        "the watcher on p's client to see a new host",
+        || async { !seen_by_p.ups("after").is_empty() },
+    )
+    .await;
+    let took = registered.elapsed();
+    drop(after);
+    leaders.assert_exclusive();
+    witness.check().await;
+    println!("measured: every connection of p's client frozen, twice, {:?} apart: no HostDown, no leader change; its watcher saw a new host {took:?} after", TTL + SLACK);
+}
+
+/// Far more requests at once than the store's pool has connections (16 by default), on the
+/// same store as the sessions, for two TTLs: renewals wait their turn behind them and still
+/// come in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_requests_than_the_pool_holds_are_ridden_through() {
+    const WRITERS: usize = 200;
+    let (_server, store, witness) = single().await;
+    let seen = observe(&store, &witness).await;
+    let (regs, leaders, _candidates) = hosts_and_an_election(&store, &witness).await;
+    let before = standing(&regs, &seen, &leaders);
+    let until = Instant::now() + TTL * 2;
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let (mut ok, mut failed) = (0u64, 0u64);
+                while Instant::now() < until {
+                    match store.put(PutRequest::new(format!("load/{w}"), "x")).await {
+                        Ok(_) => ok += 1,
+                        Err(_) => failed += 1,
+                    }
+                }
+                (ok, failed)
+            })
+        })
+        .collect();
+    let (mut ok, mut failed) = (0, 0);
+    for w in writers {
+        let (o, f) = w.await.expect("a writer");
+        ok += o;
+        failed += f;
+    }
+    assert!(ok > 0, "no write went through");
+    assert_ridden_through(
+        &format!("{WRITERS} writers at once"),
+        &store,
+        &regs,
+        &seen,
+        &leaders,
+        before,
+    )
+    .await;
+    witness.check().await;
+    println!(
+        "measured: {WRITERS} writers at once on a pool of 16 for {:?}: {ok} writes ({:.0}/s), {failed} failed; no HostDown, no leader change",
+        TTL * 2,
+        ok as f64 / (TTL * 2).as_secs_f64()
+    );
+}
+
+/// The witness is only as good as what it catches: wrong beliefs planted into a real run
+/// (a rogue leader, a watcher's HostDown for a live host) and a write of the fenced key that
+/// bypasses the fence with a stale token must each break an invariant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_witness_catches_planted_wrong_beliefs_and_an_unfenced_write() {
+    let (_server, store, witness) = single().await;
+    let seen = observe(&store, &witness).await;
+    let (regs, leaders, _candidates) = hosts_and_an_election(&store, &witness).await;
+    eventually(SLACK, "the watcher to see a, b and c", || async {
+        seen.replayed().len() == 3
+    })
+    .await;
+    let (_, token) = leaders.current().expect("a leader");
+    let rogue = Revision(token.0 + 1_000_000);
+    witness.leader_start("rogue", ELECTION, rogue);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    witness.leader_end("rogue", ELECTION, rogue);
+    let watcher = witness.who("watcher");
+    let revision = store.current_revision().await.unwrap();
+    witness.record(Happening::Emitted(
+        watcher,
+        Emitted::Down("a".into(), revision),
+    ));
+    store
+        .put(PutRequest::new(WORK, Revision(token.0 - 1).to_string()))
+        .await
+        .expect("the unfenced write");
+    let (violations, _) = witness.violations().await;
+    let broken: BTreeSet<&str> = violations.iter().map(|v| v.invariant.as_str()).collect();
+    for expected in ["S1", "S2", "S3", "S5"] {
+        assert!(
+            broken.contains(expected),
+            "{expected} not caught; caught: {violations:#?}"
+        );
+    }
+    drop(regs);
+    println!(
+        "measured: planted wrong beliefs and an unfenced write caught on PostgreSQL as {broken:?}"
+    );
+}
