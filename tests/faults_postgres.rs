@@ -24,17 +24,16 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use coord_api::recipes::{HostRegistration, RegistrationStatus, Session, SessionConfig};
+use coord_api::recipes::{HostRegistration, Session, SessionConfig};
 use coord_api::testkit::eventually;
 use coord_api::{DynKvLeaseStore, KvLeaseStore, KvLeaseStoreExt, PutRequest, Revision};
 use coord_chaos::{Emitted, Happening};
 use coord_postgres::testing::{PostgresServer, TcpProxy};
 use coord_postgres::{PostgresConfig, PostgresStore};
 use parts::{
-    all_registered, hosts_and_an_election, observe, observe_as, register, Leaders, Seen, ELECTION,
-    SLACK, TTL, WORK,
+    all_registered, hosts_and_an_election, observe, register, Leaders, Partitionable, Seen,
+    ELECTION, SLACK, TTL, WORK,
 };
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use witness::Witness;
 
@@ -276,185 +275,37 @@ async fn every_client_backend_killed_is_ridden_through() {
     );
 }
 
-/// Host p, registered and leading through a proxy of its own (so it alone can be cut off);
-/// candidate q queued behind it on a direct connection; a watcher on a direct connection.
-struct Partitionable {
-    _server: PostgresServer,
-    witness: Arc<Witness>,
-    seen: Seen,
-    proxy: TcpProxy,
-    reg: HostRegistration,
-    leaders: Leaders,
-    _candidates: [JoinHandle<()>; 2],
-}
-
-async fn partitionable() -> Partitionable {
+/// Host p through a proxy of its own (see [`parts::partitionable`]).
+async fn partitionable() -> (PostgresServer, Partitionable) {
     let (server, store, witness) = single().await;
-    let seen = observe(&store, &witness).await;
     let (client, proxy) = proxied(&server).await;
-    let reg = HostRegistration::start(client.clone(), register("p"))
-        .await
-        .unwrap();
-    let leaders = Leaders::new(&witness);
-    let p = leaders.candidate(client.clone(), "p");
-    eventually(SLACK * 3, "p to lead", || async {
-        leaders.current().is_some()
-    })
-    .await;
-    let q = leaders.candidate(store.clone(), "q");
-    eventually(SLACK, "q to queue", || async {
-        store.get_prefix("jobs/").await.unwrap().count == 2
-    })
-    .await;
-    Partitionable {
-        _server: server,
-        witness,
-        seen,
-        proxy,
-        reg,
-        leaders,
-        _candidates: [p, q],
-    }
+    (
+        server,
+        parts::partitionable(store, client, proxy, witness).await,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_shorter_than_the_ttl_is_ridden_through() {
-    // Borrowed, not moved: the fields left out (the server, the candidates) must live.
-    let setup = partitionable().await;
-    let Partitionable {
-        witness,
-        seen,
-        proxy,
-        reg,
-        leaders,
-        ..
-    } = &setup;
-    let before = leaders.current();
-    // Shorter than TTL - 2 x (TTL/3): a renewal period of margin on each side.
-    let cut = TTL / 3 - Duration::from_millis(200);
-    proxy.blackhole();
-    tokio::time::sleep(cut).await;
-    proxy.heal();
-    tokio::time::sleep(TTL + SLACK).await;
-    assert!(
-        seen.downs("p").is_empty(),
-        "HostDown for a {cut:?} partition"
-    );
-    assert_eq!(
-        leaders.current(),
-        before,
-        "the leader changed over a {cut:?} partition"
-    );
-    assert!(matches!(
-        reg.status(),
-        RegistrationStatus::Registered { .. }
-    ));
-    leaders.assert_exclusive();
-    witness.check().await;
-    println!("measured: a {cut:?} partition: no HostDown, no leader change");
+    let (_server, setup) = partitionable().await;
+    parts::a_partition_shorter_than_the_ttl_is_ridden_through(&setup).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_longer_than_the_ttl_expires_then_heals() {
-    let setup = partitionable().await;
-    let Partitionable {
-        witness,
-        seen,
-        proxy,
-        reg,
-        leaders,
-        ..
-    } = &setup;
-
-    proxy.blackhole();
-    let cut = Instant::now();
-    // L3: the key goes by the last renewal + TTL + the sweep; the watcher says so at once.
-    let down_bound = TTL + SWEEP + SLACK;
-    eventually(down_bound, "HostDown for p", || async {
-        !seen.downs("p").is_empty()
-    })
-    .await;
-    let down = cut.elapsed();
-    eventually(down_bound, "q to take over", || async {
-        leaders.current().is_some_and(|(w, _)| w == "q")
-    })
-    .await;
-    let failover = cut.elapsed();
-    tokio::time::sleep((TTL * 2).saturating_sub(cut.elapsed())).await;
-    proxy.heal();
-    let healed_at = Instant::now();
-    // L1: back within the backoff, a request timeout for a connection the blackhole left
-    // dead, and a couple of requests.
-    let up_bound = Duration::from_secs(1) + TTL / 3 * 2 + SLACK;
-    eventually(up_bound, "HostUp for p again", || async {
-        seen.ups("p").len() >= 2
-    })
-    .await;
-    let up = healed_at.elapsed();
-    eventually(SLACK, "p's registration to say Registered", || async {
-        matches!(reg.status(), RegistrationStatus::Registered { .. })
-    })
-    .await;
-    leaders.assert_exclusive();
-    witness.check().await;
-    println!(
-        "measured: partition of {:?}: HostDown {down:?} after the cut (bound {down_bound:?}), q leads {failover:?} after; HostUp {up:?} after the heal (bound {up_bound:?})",
-        TTL * 2
-    );
+    let (_server, setup) = partitionable().await;
+    parts::a_partition_longer_than_the_ttl_expires_then_heals(&setup, SWEEP).await;
 }
 
-/// A middlebox forgets every connection of p's client at once, twice: they stay open and carry
-/// nothing, either way. Only timeouts tell: the store, at its defaults, must stop using them
-/// before its sessions' deadlines (the session abandons an unanswered renewal, which closes
-/// its connection; the listener's own poll finds its connection dead), and the watcher on p's
-/// client must see a host that registers afterwards.
+/// See [`parts::connections_that_die_without_a_reset_are_replaced`]: the session abandons an
+/// unanswered renewal, which closes its connection, and the listener's own poll finds its
+/// connection dead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_that_die_without_a_reset_are_replaced_within_the_ttl() {
     let (server, store, witness) = single().await;
-    let seen = observe(&store, &witness).await;
     let (client, proxy) = proxied(&server).await;
-    let reg = HostRegistration::start(client.clone(), register("p"))
-        .await
-        .unwrap();
-    let seen_by_p = observe_as("p's watcher", &client, &witness).await;
-    let leaders = Leaders::new(&witness);
-    let _p = leaders.candidate(client.clone(), "p");
-    eventually(SLACK * 3, "p to lead", || async {
-        leaders.current().is_some()
-    })
-    .await;
-    let _q = leaders.candidate(store.clone(), "q");
-    let before = leaders.current();
-    for wave in 1..=2 {
-        proxy.freeze_connections();
-        tokio::time::sleep(TTL + SLACK).await;
-        assert!(seen.downs("p").is_empty(), "HostDown for p in wave {wave}");
-        assert_eq!(
-            leaders.current(),
-            before,
-            "the leader changed in wave {wave}"
-        );
-        assert!(
-            matches!(reg.status(), RegistrationStatus::Registered { .. }),
-            "p unregistered in wave {wave}: {:?}",
-            reg.status()
-        );
-    }
-    let after = HostRegistration::start(store.clone(), register("after"))
-        .await
-        .unwrap();
-    let registered = Instant::now();
-    eventually(
-        TTL + SLACK,
-        "the watcher on p's client to see a new host",
-        || async { !seen_by_p.ups("after").is_empty() },
-    )
-    .await;
-    let took = registered.elapsed();
-    drop(after);
-    leaders.assert_exclusive();
-    witness.check().await;
-    println!("measured: every connection of p's client frozen, twice, {:?} apart: no HostDown, no leader change; its watcher saw a new host {took:?} after", TTL + SLACK);
+    parts::connections_that_die_without_a_reset_are_replaced(store, client, &[proxy], witness)
+        .await;
 }
 
 /// Far more requests at once than the store's pool has connections (16 by default), on the

@@ -186,12 +186,7 @@ async fn a_compaction_purges_superseded_history_in_batches() {
     }
     let compacted = store.current_revision().await.expect("the revision");
     store.compact(compacted).await.expect("a compaction");
-    let pg: tokio_postgres::Config = server.connection().parse().expect("a connection string");
-    let (admin, conn) = pg
-        .connect(tokio_postgres::NoTls)
-        .await
-        .expect("an admin session");
-    let _driver = tokio::spawn(conn);
+    let admin = server.admin().await.expect("an admin session");
     eventually(
         Duration::from_secs(30),
         "the superseded rows purged",

@@ -71,9 +71,7 @@ async fn tls_and_a_password_work_and_nothing_less_does() {
         store.get_key("secure/k").await.unwrap().unwrap().value,
         "v".as_bytes()
     );
-    let pg: tokio_postgres::Config = server.connection().parse().unwrap();
-    let (admin, conn) = pg.connect(tokio_postgres::NoTls).await.unwrap();
-    let _driver = tokio::spawn(conn);
+    let admin = server.admin().await.expect("an admin session");
     let row = admin
         .query_one(
             "SELECT count(*) FILTER (WHERE s.ssl), count(*) FROM pg_stat_ssl s \

@@ -11,6 +11,7 @@ use coord_api::recipes::{
     RegistrationStatus, Session, SessionConfig,
 };
 use coord_api::testkit::eventually;
+use coord_api::testkit::proxy::TcpProxy;
 use coord_api::{DynKvLeaseStore, KvLeaseStoreExt, PutRequest, Revision, TxnRequest};
 use coord_chaos::{Emitted, FencedWrites, Happening};
 use tokio::task::JoinHandle;
@@ -293,4 +294,192 @@ pub(crate) async fn hosts_and_an_election(
     })
     .await;
     (regs, leaders, candidates)
+}
+
+/// Host p, registered and leading through `client` (a proxy of its own, so it alone can be cut
+/// off); candidate q queued behind it on `store`, direct; a watcher on `store`.
+pub(crate) struct Partitionable {
+    pub(crate) witness: Arc<Witness>,
+    pub(crate) seen: Seen,
+    pub(crate) proxy: TcpProxy,
+    pub(crate) reg: HostRegistration,
+    pub(crate) leaders: Leaders,
+    _candidates: [JoinHandle<()>; 2],
+}
+
+pub(crate) async fn partitionable(
+    store: Arc<DynKvLeaseStore>,
+    client: Arc<DynKvLeaseStore>,
+    proxy: TcpProxy,
+    witness: Arc<Witness>,
+) -> Partitionable {
+    let seen = observe(&store, &witness).await;
+    let reg = HostRegistration::start(client.clone(), register("p"))
+        .await
+        .unwrap();
+    let leaders = Leaders::new(&witness);
+    let p = leaders.candidate(client.clone(), "p");
+    eventually(SLACK * 3, "p to lead", || async {
+        leaders.current().is_some()
+    })
+    .await;
+    let q = leaders.candidate(store.clone(), "q");
+    eventually(SLACK, "q to queue", || async {
+        store.get_prefix("jobs/").await.unwrap().count == 2
+    })
+    .await;
+    Partitionable {
+        witness,
+        seen,
+        proxy,
+        reg,
+        leaders,
+        _candidates: [p, q],
+    }
+}
+
+/// p cut off for less than TTL - 2 x (TTL/3): no HostDown, no leader change.
+pub(crate) async fn a_partition_shorter_than_the_ttl_is_ridden_through(setup: &Partitionable) {
+    let Partitionable {
+        witness,
+        seen,
+        proxy,
+        reg,
+        leaders,
+        ..
+    } = setup;
+    let before = leaders.current();
+    // A renewal period of margin on each side.
+    let cut = TTL / 3 - Duration::from_millis(200);
+    proxy.blackhole();
+    tokio::time::sleep(cut).await;
+    proxy.heal();
+    tokio::time::sleep(TTL + SLACK).await;
+    assert!(
+        seen.downs("p").is_empty(),
+        "HostDown for a {cut:?} partition"
+    );
+    assert_eq!(
+        leaders.current(),
+        before,
+        "the leader changed over a {cut:?} partition"
+    );
+    assert!(matches!(
+        reg.status(),
+        RegistrationStatus::Registered { .. }
+    ));
+    leaders.assert_exclusive();
+    witness.check().await;
+    println!("measured: a {cut:?} partition: no HostDown, no leader change");
+}
+
+/// p cut off for two TTLs: HostDown and q's leadership within the TTL, the server's expiry
+/// granularity (`expiry`) and the slack of the cut; HostUp soon after the heal.
+pub(crate) async fn a_partition_longer_than_the_ttl_expires_then_heals(
+    setup: &Partitionable,
+    expiry: Duration,
+) {
+    let Partitionable {
+        witness,
+        seen,
+        proxy,
+        reg,
+        leaders,
+        ..
+    } = setup;
+    proxy.blackhole();
+    let cut = Instant::now();
+    // L3: the key goes by the last renewal + TTL + the expiry granularity; the watcher says
+    // so at once.
+    let down_bound = TTL + expiry + SLACK;
+    eventually(down_bound, "HostDown for p", || async {
+        !seen.downs("p").is_empty()
+    })
+    .await;
+    let down = cut.elapsed();
+    eventually(down_bound, "q to take over", || async {
+        leaders.current().is_some_and(|(w, _)| w == "q")
+    })
+    .await;
+    let failover = cut.elapsed();
+    tokio::time::sleep((TTL * 2).saturating_sub(cut.elapsed())).await;
+    proxy.heal();
+    let healed_at = Instant::now();
+    // L1: back within the backoff and a couple of requests.
+    let up_bound = Duration::from_secs(1) + TTL / 3 * 2 + SLACK;
+    eventually(up_bound, "HostUp for p again", || async {
+        seen.ups("p").len() >= 2
+    })
+    .await;
+    let up = healed_at.elapsed();
+    // The watcher (on another connection) may see the key land before p reads the reply
+    // that tells it so: p's status must follow within the slack, not at the same instant.
+    eventually(SLACK, "p's registration to say Registered", || async {
+        matches!(reg.status(), RegistrationStatus::Registered { .. })
+    })
+    .await;
+    leaders.assert_exclusive();
+    witness.check().await;
+    println!(
+        "measured: partition of {:?}: HostDown {down:?} after the cut (bound {down_bound:?}), q leads {failover:?} after; HostUp {up:?} after the heal (bound {up_bound:?})",
+        TTL * 2
+    );
+}
+
+/// A middlebox forgets every connection of p's client (`client`, through `proxies`) at once,
+/// twice: they stay open and carry nothing, either way (a partition that outlived TCP's
+/// retransmissions). Only timeouts tell, and the client, at the library's default timeouts,
+/// must replace them before its sessions' deadlines: no HostDown for p, no leader change,
+/// and the watcher on p's client sees a host that registers afterwards.
+pub(crate) async fn connections_that_die_without_a_reset_are_replaced(
+    store: Arc<DynKvLeaseStore>,
+    client: Arc<DynKvLeaseStore>,
+    proxies: &[TcpProxy],
+    witness: Arc<Witness>,
+) {
+    let seen = observe(&store, &witness).await;
+    let reg = HostRegistration::start(client.clone(), register("p"))
+        .await
+        .unwrap();
+    let seen_by_p = observe_as("p's watcher", &client, &witness).await;
+    let leaders = Leaders::new(&witness);
+    let _p = leaders.candidate(client.clone(), "p");
+    eventually(SLACK * 3, "p to lead", || async {
+        leaders.current().is_some()
+    })
+    .await;
+    let _q = leaders.candidate(store.clone(), "q");
+    let before = leaders.current();
+    for wave in 1..=2 {
+        for proxy in proxies {
+            proxy.freeze_connections();
+        }
+        tokio::time::sleep(TTL + SLACK).await;
+        assert!(seen.downs("p").is_empty(), "HostDown for p in wave {wave}");
+        assert_eq!(
+            leaders.current(),
+            before,
+            "the leader changed in wave {wave}"
+        );
+        assert!(
+            matches!(reg.status(), RegistrationStatus::Registered { .. }),
+            "p unregistered in wave {wave}: {:?}",
+            reg.status()
+        );
+    }
+    let after = HostRegistration::start(store.clone(), register("after"))
+        .await
+        .unwrap();
+    let registered = Instant::now();
+    eventually(
+        TTL + SLACK,
+        "the watcher on p's client to see a new host",
+        || async { !seen_by_p.ups("after").is_empty() },
+    )
+    .await;
+    let took = registered.elapsed();
+    drop(after);
+    leaders.assert_exclusive();
+    witness.check().await;
+    println!("measured: every connection of p's client frozen, twice, {:?} apart: no HostDown, no leader change; its watcher saw a new host {took:?} after", TTL + SLACK);
 }

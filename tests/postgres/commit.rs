@@ -38,12 +38,7 @@ pub(crate) async fn a_held_commit_is_indeterminate_and_not_sent_again() {
     let store = PostgresStore::connect(server.config().with_request_timeout(TIMEOUT))
         .await
         .expect("a store");
-    let pg: tokio_postgres::Config = server.connection().parse().expect("a connection string");
-    let (admin, conn) = pg
-        .connect(tokio_postgres::NoTls)
-        .await
-        .expect("an admin session");
-    let _driver = tokio::spawn(conn);
+    let admin = server.admin().await.expect("an admin session");
     admin.batch_execute(HOLD).await.expect("the hold in place");
 
     let create = TxnRequest::new()

@@ -36,12 +36,7 @@ pub(crate) async fn a_write_whose_notification_was_lost_reaches_the_watch() {
         .await
         .expect("a watch");
     let writer = server.store().await;
-    let pg: tokio_postgres::Config = server.connection().parse().expect("a connection string");
-    let (admin, conn) = pg
-        .connect(tokio_postgres::NoTls)
-        .await
-        .expect("an admin session");
-    let _driver = tokio::spawn(conn);
+    let admin = server.admin().await.expect("an admin session");
     let sessions = || async {
         let row = admin
             .query_one(WATCHING, &[])

@@ -497,24 +497,36 @@ impl PostgresServer {
         self.signal("-CONT");
     }
 
+    /// A session of the harness's own user (a superuser) beside the store, for a test's own
+    /// statements; its connection is driven until the client is dropped.
+    pub async fn admin(&self) -> Result<tokio_postgres::Client, HarnessError> {
+        let pg: tokio_postgres::Config = self.connection().parse().expect("our own string");
+        let (client, conn) =
+            pg.connect(tokio_postgres::NoTls)
+                .await
+                .map_err(|e| HarnessError::Failed {
+                    step: "an admin session",
+                    log: e.to_string(),
+                })?;
+        tokio::spawn(conn);
+        Ok(client)
+    }
+
     /// Creates a user that logs in with `password` and may create coord's tables.
     pub async fn create_user(&self, name: &str, password: &str) -> Result<(), HarnessError> {
-        let pg: tokio_postgres::Config = self.connection().parse().expect("our own string");
-        let failed = |e: tokio_postgres::Error| HarnessError::Failed {
-            step: "creating a user",
-            log: e.to_string(),
-        };
-        let (client, conn) = pg.connect(tokio_postgres::NoTls).await.map_err(failed)?;
-        let driver = tokio::spawn(conn);
+        let client = self.admin().await?;
         // Names and passwords are the test's own: quoted, not escaped.
         let sql = format!(
             "CREATE ROLE \"{name}\" LOGIN PASSWORD '{password}'; \
              GRANT CREATE ON SCHEMA public TO \"{name}\""
         );
-        let done = client.batch_execute(&sql).await.map_err(failed);
-        drop(client);
-        let _ = driver.await;
-        done
+        client
+            .batch_execute(&sql)
+            .await
+            .map_err(|e| HarnessError::Failed {
+                step: "creating a user",
+                log: e.to_string(),
+            })
     }
 
     /// Terminates every client backend but this call's own (`pg_terminate_backend`), as an
