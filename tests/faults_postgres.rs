@@ -31,8 +31,8 @@ use coord_chaos::{Emitted, Happening};
 use coord_postgres::testing::{PostgresServer, TcpProxy};
 use coord_postgres::{PostgresConfig, PostgresStore};
 use parts::{
-    all_registered, hosts_and_an_election, observe, register, Leaders, Partitionable, Seen,
-    ELECTION, SLACK, TTL, WORK,
+    all_registered, assert_ridden_through, hosts_and_an_election, observe, register, standing,
+    Leaders, Partitionable, ELECTION, SLACK, TTL, WORK,
 };
 use tokio::time::Instant;
 use witness::Witness;
@@ -69,49 +69,6 @@ async fn proxied(server: &PostgresServer) -> (Arc<DynKvLeaseStore>, TcpProxy) {
     (store, proxy)
 }
 
-/// What a fault the recipes ride through must leave as it was: the leader, how many
-/// leaderships began, and each host's HostDown count.
-#[derive(Debug, PartialEq)]
-struct Standing {
-    leader: Option<(String, Revision)>,
-    leaderships: usize,
-    downs: Vec<usize>,
-}
-
-fn standing(regs: &[HostRegistration], seen: &Seen, leaders: &Leaders) -> Standing {
-    Standing {
-        leader: leaders.current(),
-        leaderships: leaders.count(),
-        downs: regs
-            .iter()
-            .map(|r| seen.downs(&r.key()["hosts/".len()..]).len())
-            .collect(),
-    }
-}
-
-/// After a TTL and a second of quiet: every registration healthy, and nothing changed since
-/// `before` (no HostDown, the same leader, no leadership begun).
-async fn assert_ridden_through(
-    what: &str,
-    store: &Arc<DynKvLeaseStore>,
-    regs: &[HostRegistration],
-    seen: &Seen,
-    leaders: &Leaders,
-    before: Standing,
-) {
-    tokio::time::sleep(TTL + SLACK).await;
-    assert!(
-        all_registered(regs, store).await,
-        "a registration unhealthy after {what}"
-    );
-    assert_eq!(
-        standing(regs, seen, leaders),
-        before,
-        "HostDown or a leadership change on {what}: {leaders:?}"
-    );
-    leaders.assert_exclusive();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_and_restart_of_the_server() {
     let (server, store, witness) = single().await;
@@ -144,7 +101,9 @@ async fn kill_9_and_restart_of_the_server() {
     .await;
     let seen_after = back.elapsed();
     drop(after);
-    leaders.assert_exclusive();
+    // Watch after recovery: a TTL and a second with nothing changing.
+    let before = standing(&regs, &seen, &leaders);
+    assert_ridden_through("the restart", &store, &regs, &seen, &leaders, before).await;
     witness.check().await;
     println!(
         "measured: kill -9 of PostgreSQL, restarted 1 s later: registrations healthy {healed:?}, a leader {led:?}, a new host on the watcher {seen_after:?} after it answered; {} leaderships in all",

@@ -23,7 +23,6 @@ use tokio::time::Instant;
 use tokio_postgres::types::Type;
 use tokio_util::sync::CancellationToken;
 
-use crate::conn::Checkout;
 use crate::error::Stage;
 use crate::range::{bounds, condition, kv_at};
 use crate::tls::Connector;
@@ -319,9 +318,6 @@ async fn read_once(
     upto: Revision,
     synced: bool,
 ) -> Result<Result<Vec<Event>>> {
-    let c = Checkout::take(pool, "watch", deadline)
-        .await
-        .map_err(closed)?;
     let (lo, hi) = bounds(&req.range);
     let sql = format!(
         "SELECT m.compact_revision, h.revision, h.deleted, h.key, h.value, h.create_revision, \
@@ -338,23 +334,26 @@ async fn read_once(
          WHERE m.id = 1 ORDER BY h.revision, h.seq",
         condition("key", 1, 2)
     );
-    let (from_rev, upto_rev) = (from.get(), upto.get());
-    let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 6] = [
-        (&lo, Type::BYTEA),
-        (&hi, Type::BYTEA),
-        (&from_rev, Type::INT8),
-        (&upto_rev, Type::INT8),
-        (&req.prev_kv, Type::BOOL),
-        (&synced, Type::BOOL),
-    ];
-    let query = c.client().query_typed(&sql, &params);
-    // On failure the loan ends with the connection closed: the next try gets one that works.
-    let rows = match tokio::time::timeout_at(deadline, query).await {
-        Ok(Ok(rows)) => rows,
-        Ok(Err(e)) => return Err(closed(e)),
-        Err(_) => return Err(closed("no answer within the request timeout")),
-    };
-    c.give_back();
+    let (prev_kv, from_rev, upto_rev) = (req.prev_kv, from.get(), upto.get());
+    // A loan like any request's: bounded, and a connection that failed is closed, so the
+    // next try gets one that works.
+    let rows = crate::conn::single(pool, deadline, "watch", Stage::Before, move |c| {
+        Box::pin(async move {
+            let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 6] = [
+                (&lo, Type::BYTEA),
+                (&hi, Type::BYTEA),
+                (&from_rev, Type::INT8),
+                (&upto_rev, Type::INT8),
+                (&prev_kv, Type::BOOL),
+                (&synced, Type::BOOL),
+            ];
+            c.query_typed(&sql, &params)
+                .await
+                .map_err(crate::kv::before("watch"))
+        })
+    })
+    .await
+    .map_err(closed)?;
     let compact = Revision(rows.first().map_or(0, |r| r.get(0)));
     let purged = Revision(rows.first().map_or(0, |r| r.get(16)));
     if from < if synced { purged } else { compact } {

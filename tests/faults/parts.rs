@@ -296,9 +296,54 @@ pub(crate) async fn hosts_and_an_election(
     (regs, leaders, candidates)
 }
 
+/// What a fault the recipes ride through must leave as it was: the leader, how many
+/// leaderships began, and each host's HostDown count.
+#[derive(Debug, PartialEq)]
+pub(crate) struct Standing {
+    leader: Option<(String, Revision)>,
+    leaderships: usize,
+    downs: Vec<usize>,
+}
+
+pub(crate) fn standing(regs: &[HostRegistration], seen: &Seen, leaders: &Leaders) -> Standing {
+    Standing {
+        leader: leaders.current(),
+        leaderships: leaders.count(),
+        downs: regs
+            .iter()
+            .map(|r| seen.downs(&r.key()["hosts/".len()..]).len())
+            .collect(),
+    }
+}
+
+/// After a TTL and a second of quiet: every registration healthy, and nothing changed since
+/// `before` (no HostDown, the same leader, no leadership begun).
+pub(crate) async fn assert_ridden_through(
+    what: &str,
+    store: &Arc<DynKvLeaseStore>,
+    regs: &[HostRegistration],
+    seen: &Seen,
+    leaders: &Leaders,
+    before: Standing,
+) {
+    tokio::time::sleep(TTL + SLACK).await;
+    assert!(
+        all_registered(regs, store).await,
+        "a registration unhealthy after {what}"
+    );
+    assert_eq!(
+        standing(regs, seen, leaders),
+        before,
+        "HostDown or a leadership change on {what}: {leaders:?}"
+    );
+    leaders.assert_exclusive();
+}
+
 /// Host p, registered and leading through `client` (a proxy of its own, so it alone can be cut
 /// off); candidate q queued behind it on `store`, direct; a watcher on `store`.
 pub(crate) struct Partitionable {
+    /// A direct client.
+    pub(crate) store: Arc<DynKvLeaseStore>,
     pub(crate) witness: Arc<Witness>,
     pub(crate) seen: Seen,
     pub(crate) proxy: TcpProxy,
@@ -329,6 +374,7 @@ pub(crate) async fn partitionable(
     })
     .await;
     Partitionable {
+        store,
         witness,
         seen,
         proxy,
@@ -380,6 +426,7 @@ pub(crate) async fn a_partition_longer_than_the_ttl_expires_then_heals(
     expiry: Duration,
 ) {
     let Partitionable {
+        store,
         witness,
         seen,
         proxy,
@@ -418,7 +465,10 @@ pub(crate) async fn a_partition_longer_than_the_ttl_expires_then_heals(
         matches!(reg.status(), RegistrationStatus::Registered { .. })
     })
     .await;
-    leaders.assert_exclusive();
+    // Watch after the heal: a TTL and a second with nothing changing.
+    let regs = std::slice::from_ref(reg);
+    let before = standing(regs, seen, leaders);
+    assert_ridden_through("the heal", store, regs, seen, leaders, before).await;
     witness.check().await;
     println!(
         "measured: partition of {:?}: HostDown {down:?} after the cut (bound {down_bound:?}), q leads {failover:?} after; HostUp {up:?} after the heal (bound {up_bound:?})",
