@@ -53,7 +53,7 @@ mod sim_fixture;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use coord_api::planted::{self, Bug};
+use coord_api::hooks::planted::{self, Bug};
 use coord_sim::grpc::EtcdVersion;
 
 /// The differential's sequences per run, from a fixed seed: enough that a prefix compare

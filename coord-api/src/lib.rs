@@ -68,11 +68,12 @@
 
 pub mod elections;
 mod error;
+mod forward;
+#[doc(hidden)]
+pub mod hooks;
 mod leader_key;
 pub mod metrics;
 mod namespace;
-#[doc(hidden)]
-pub mod planted;
 pub mod recipes;
 mod request;
 pub mod retry;
@@ -88,6 +89,7 @@ pub mod testkit;
 
 pub use elections::candidate_key;
 pub use error::{BoxError, Error, ErrorClass, Result};
+pub use forward::Forward;
 pub use leader_key::LeaderKey;
 pub use namespace::Namespaced;
 pub use request::{

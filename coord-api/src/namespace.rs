@@ -2,19 +2,19 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
 
 use crate::error::{Error, Result};
+use crate::forward::Forward;
 use crate::leader_key::LeaderKey;
 use crate::request::{
-    Compare, DeleteRequest, DeleteResponse, GetRequest, GetResponse, LeaseGrant, LeaseTimeToLive,
-    PutRequest, PutResponse, TxnOp, TxnOpResponse, TxnRequest, TxnResponse, WatchRequest,
+    Compare, DeleteRequest, DeleteResponse, GetRequest, GetResponse, LeaseTimeToLive, PutRequest,
+    PutResponse, TxnOp, TxnOpResponse, TxnRequest, TxnResponse, WatchRequest,
 };
-use crate::store::{DynKvLeaseStore, KeepAlive, KvLeaseStore, LeaderStream, WatchStream};
-use crate::types::{Event, KeyRange, KeyValue, LeaseId, Limits, Revision};
+use crate::store::{DynKvLeaseStore, KvLeaseStore, LeaderStream, WatchStream};
+use crate::types::{Event, KeyRange, KeyValue, LeaseId};
 use crate::validate;
 
 /// A store whose every key lives under `prefix`.
@@ -224,20 +224,13 @@ impl Namespaced {
     }
 }
 
-// Every method, so that none falls back to a default that would bypass the prefix's mapping.
-#[deny(clippy::missing_trait_methods)]
+// Every method that carries a key, a key range or an election's name maps it; what is left to
+// the inner store (backend, limits, grant, revoke, keep_alive, compact) carries none. A method
+// added to the contract must be judged here: its default passes keys through unprefixed.
 #[crate::async_trait]
-impl KvLeaseStore for Namespaced {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-
-    fn limits(&self) -> Limits {
-        self.inner.limits()
-    }
-
-    fn shared(&self) -> Arc<DynKvLeaseStore> {
-        Arc::new(self.clone())
+impl Forward for Namespaced {
+    fn inner(&self) -> &DynKvLeaseStore {
+        &*self.inner
     }
 
     // Each request is checked as the caller wrote it, before the prefix makes an empty key
@@ -249,7 +242,7 @@ impl KvLeaseStore for Namespaced {
     }
 
     async fn put(&self, req: PutRequest) -> Result<PutResponse> {
-        validate::put(&req, &self.limits())?;
+        validate::put(&req, &self.inner.limits())?;
         let resp = self.inner.put(self.put_in(req)).await;
         resp.map(|r| self.put_out(r)).map_err(|e| self.error_out(e))
     }
@@ -262,17 +255,9 @@ impl KvLeaseStore for Namespaced {
     }
 
     async fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
-        validate::txn(&req, &self.limits())?;
+        validate::txn(&req, &self.inner.limits())?;
         let resp = self.inner.txn(self.txn_in(req)).await;
         resp.map(|r| self.txn_out(r)).map_err(|e| self.error_out(e))
-    }
-
-    async fn grant(&self, ttl: Duration) -> Result<LeaseGrant> {
-        self.inner.grant(ttl).await
-    }
-
-    async fn revoke(&self, lease: LeaseId) -> Result<Revision> {
-        self.inner.revoke(lease).await
     }
 
     /// The lease's keys are listed as seen from inside the namespace; keys attached to it
@@ -287,10 +272,6 @@ impl KvLeaseStore for Namespaced {
             .map(|k| k.slice(prefix.len()..))
             .collect();
         Ok(ttl)
-    }
-
-    async fn keep_alive(&self, lease: LeaseId) -> Result<Box<dyn KeepAlive>> {
-        self.inner.keep_alive(lease).await
     }
 
     async fn watch(&self, mut req: WatchRequest) -> Result<WatchStream> {
@@ -312,10 +293,6 @@ impl KvLeaseStore for Namespaced {
             })
             .map_err(|e| ns.error_out(e))
         }))
-    }
-
-    async fn compact(&self, revision: Revision) -> Result<()> {
-        self.inner.compact(revision).await
     }
 
     async fn campaign(&self, name: &str, value: Bytes, lease: LeaseId) -> Result<LeaderKey> {

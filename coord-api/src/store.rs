@@ -56,8 +56,8 @@ pub type DynKvLeaseStore = dyn KvLeaseStore;
 /// elections of its own; a backend without them writes each as one call into
 /// [`crate::elections`], etcd's algorithm on the primitives above (as `SimStore` and
 /// `EtcdStore` do). They have no default: a wrapper store (retries, tracing, metrics,
-/// [`Namespaced`](crate::Namespaced)) forwards them like every other method, and the compiler
-/// says so if it does not.
+/// [`Namespaced`](crate::Namespaced)) forwards them like every other method, on
+/// [`Forward`](crate::Forward) or by hand; the compiler says so if it does not.
 ///
 /// # Example
 ///
@@ -249,77 +249,6 @@ pub trait KeepAlive: fmt::Debug + Send {
     /// one, the lease may still live.
     async fn renew(&mut self) -> Result<Duration>;
 }
-
-macro_rules! forward_impl {
-    ($ptr:ty) => {
-        #[deny(clippy::missing_trait_methods)]
-        #[async_trait]
-        impl<T: KvLeaseStore + ?Sized> KvLeaseStore for $ptr {
-            fn backend(&self) -> &'static str {
-                (**self).backend()
-            }
-            fn limits(&self) -> Limits {
-                (**self).limits()
-            }
-            fn shared(&self) -> Arc<DynKvLeaseStore> {
-                (**self).shared()
-            }
-            async fn get(&self, req: GetRequest) -> Result<GetResponse> {
-                (**self).get(req).await
-            }
-            async fn put(&self, req: PutRequest) -> Result<PutResponse> {
-                (**self).put(req).await
-            }
-            async fn delete(&self, req: DeleteRequest) -> Result<DeleteResponse> {
-                (**self).delete(req).await
-            }
-            async fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
-                (**self).txn(req).await
-            }
-            async fn grant(&self, ttl: Duration) -> Result<LeaseGrant> {
-                (**self).grant(ttl).await
-            }
-            async fn revoke(&self, lease: LeaseId) -> Result<Revision> {
-                (**self).revoke(lease).await
-            }
-            async fn time_to_live(&self, lease: LeaseId) -> Result<LeaseTimeToLive> {
-                (**self).time_to_live(lease).await
-            }
-            async fn keep_alive(&self, lease: LeaseId) -> Result<Box<dyn KeepAlive>> {
-                (**self).keep_alive(lease).await
-            }
-            async fn watch(&self, req: WatchRequest) -> Result<WatchStream> {
-                (**self).watch(req).await
-            }
-            async fn compact(&self, revision: Revision) -> Result<()> {
-                (**self).compact(revision).await
-            }
-            async fn campaign(
-                &self,
-                name: &str,
-                value: Bytes,
-                lease: LeaseId,
-            ) -> Result<LeaderKey> {
-                (**self).campaign(name, value, lease).await
-            }
-            async fn proclaim(&self, leader: &LeaderKey, value: Bytes) -> Result<()> {
-                (**self).proclaim(leader, value).await
-            }
-            async fn leader(&self, name: &str) -> Result<KeyValue> {
-                (**self).leader(name).await
-            }
-            async fn observe(&self, name: &str) -> Result<LeaderStream> {
-                (**self).observe(name).await
-            }
-            async fn resign(&self, leader: &LeaderKey) -> Result<()> {
-                (**self).resign(leader).await
-            }
-        }
-    };
-}
-
-forward_impl!(Arc<T>);
-forward_impl!(Box<T>);
 
 /// Conveniences over [`KvLeaseStore`] for the common single-key cases. Implemented for every
 /// store; you MUST NOT implement it yourself.

@@ -127,7 +127,7 @@ async fn run(node: Node) {
                     _ = &mut stopping => break,
                     _ = registration.update(&node, generation) => {}
                 }
-                let next = coord_api::sync::clock::now() + metadata_period(&mut rng, node.scenario());
+                let next = coord_api::hooks::clock::now() + metadata_period(&mut rng, node.scenario());
                 metadata_timer.as_mut().reset(next);
             }
             _ = registration_timer.as_mut(), if registration_back => {

@@ -4,13 +4,10 @@
 //! nothing once its stop was asked (a write already on its way may still land).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use coord_api::{
-    async_trait, Bytes, DeleteRequest, DeleteResponse, DynKvLeaseStore, GetRequest, GetResponse,
-    KeepAlive, KeyValue, KvLeaseStore, LeaderKey, LeaderStream, LeaseGrant, LeaseId,
-    LeaseTimeToLive, Limits, PutRequest, PutResponse, Result, Revision, TxnOp, TxnRequest,
-    TxnResponse, WatchRequest, WatchStream,
+    async_trait, Bytes, DynKvLeaseStore, Forward, PutRequest, PutResponse, Result, TxnOp,
+    TxnRequest, TxnResponse,
 };
 
 use crate::history::Happening;
@@ -59,24 +56,11 @@ impl HostKeyWrites {
     }
 }
 
-// Every method, so that none falls back to a default that would bypass the backend's own.
-#[deny(clippy::missing_trait_methods)]
+// Only the writes that may carry the key; the rest goes to the node's store unchanged.
 #[async_trait]
-impl KvLeaseStore for HostKeyWrites {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-
-    fn limits(&self) -> Limits {
-        self.inner.limits()
-    }
-
-    fn shared(&self) -> Arc<DynKvLeaseStore> {
-        Arc::new(self.clone())
-    }
-
-    async fn get(&self, req: GetRequest) -> Result<GetResponse> {
-        self.inner.get(req).await
+impl Forward for HostKeyWrites {
+    fn inner(&self) -> &DynKvLeaseStore {
+        &*self.inner
     }
 
     async fn put(&self, req: PutRequest) -> Result<PutResponse> {
@@ -86,58 +70,10 @@ impl KvLeaseStore for HostKeyWrites {
         self.inner.put(req).await
     }
 
-    async fn delete(&self, req: DeleteRequest) -> Result<DeleteResponse> {
-        self.inner.delete(req).await
-    }
-
     async fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
         if self.puts_key(&req) {
             self.sent();
         }
         self.inner.txn(req).await
-    }
-
-    async fn grant(&self, ttl: Duration) -> Result<LeaseGrant> {
-        self.inner.grant(ttl).await
-    }
-
-    async fn revoke(&self, lease: LeaseId) -> Result<Revision> {
-        self.inner.revoke(lease).await
-    }
-
-    async fn time_to_live(&self, lease: LeaseId) -> Result<LeaseTimeToLive> {
-        self.inner.time_to_live(lease).await
-    }
-
-    async fn keep_alive(&self, lease: LeaseId) -> Result<Box<dyn KeepAlive>> {
-        self.inner.keep_alive(lease).await
-    }
-
-    async fn watch(&self, req: WatchRequest) -> Result<WatchStream> {
-        self.inner.watch(req).await
-    }
-
-    async fn compact(&self, revision: Revision) -> Result<()> {
-        self.inner.compact(revision).await
-    }
-
-    async fn campaign(&self, name: &str, value: Bytes, lease: LeaseId) -> Result<LeaderKey> {
-        self.inner.campaign(name, value, lease).await
-    }
-
-    async fn proclaim(&self, leader: &LeaderKey, value: Bytes) -> Result<()> {
-        self.inner.proclaim(leader, value).await
-    }
-
-    async fn leader(&self, name: &str) -> Result<KeyValue> {
-        self.inner.leader(name).await
-    }
-
-    async fn observe(&self, name: &str) -> Result<LeaderStream> {
-        self.inner.observe(name).await
-    }
-
-    async fn resign(&self, leader: &LeaderKey) -> Result<()> {
-        self.inner.resign(leader).await
     }
 }

@@ -128,23 +128,23 @@ pub fn simulate_service(
     builder.enable_time().start_paused(true);
     // Nothing moves this paused clock but the runtime's parks: coord's readings of it are one
     // a turn (they were thousands a simulated second, each a lock and a handle).
-    coord_api::sync::clock::forget_at_parks(&mut builder);
+    coord_api::hooks::clock::forget_at_parks(&mut builder);
     // Tokio's own random choices (unbiased selects in dependencies) come from the seed too
     // where a build can seed them (`--cfg tokio_unstable`); coord's in-process path makes none.
     #[cfg(tokio_unstable)]
     builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()));
     let rt = builder.build().expect("a current-thread runtime builds");
     if scenario.explore {
-        coord_api::sync::explore::enable(seed);
+        coord_api::hooks::explore::enable(seed);
     }
-    let turns = coord_api::sync::clock::read_once_per_turn();
+    let turns = coord_api::hooks::clock::read_once_per_turn();
     let history = rt.block_on(drive(
         service,
         Arc::new(scenario.clone()),
         seed,
         faults.to_vec(),
     ));
-    coord_api::sync::explore::disable();
+    coord_api::hooks::explore::disable();
     drop(turns);
     // The nodes' tasks go with the runtime, here rather than at a later drop.
     drop(rt);

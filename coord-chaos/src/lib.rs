@@ -86,13 +86,11 @@
 //!
 //! # The chaos binary
 //!
-//! `cargo run -p coord-chaos --bin chaos` runs coord's own service ([`CoordService`]) over
+//! `cargo run -p coord-chaos-cli` (the `chaos` binary, in `coord-chaos/cli`) runs coord's own service ([`CoordService`]) over
 //! 500 seeds; `--help` lists the knobs.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
-
-#[cfg(feature = "mimalloc")]
-pub mod allocator;
+#![forbid(unsafe_code)]
 
 mod check;
 mod coord_locker;

@@ -70,7 +70,7 @@ impl Recorder {
 
     /// Records `what` as happening now.
     pub fn record(&self, what: Happening) {
-        self.record_at(coord_api::sync::clock::now(), what);
+        self.record_at(coord_api::hooks::clock::now(), what);
     }
 
     /// Records `what` as happening at `at` (on the current runtime's clock).

@@ -78,7 +78,7 @@ pub fn simulate_service_turmoil(
         .tcp_capacity(256 * scenario.hosts.max(1))
         .build();
     if scenario.explore {
-        coord_api::sync::explore::enable(seed);
+        coord_api::hooks::explore::enable(seed);
     }
     let rec = Recorder::turmoil(scenario.turmoil_tick);
     let clients = Clients::default();
@@ -150,7 +150,7 @@ pub fn simulate_service_turmoil(
             panic!("turmoil failed at {:?}: {e}", sim.elapsed());
         }
     }
-    coord_api::sync::explore::disable();
+    coord_api::hooks::explore::disable();
     rec.take()
 }
 

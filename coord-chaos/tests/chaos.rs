@@ -94,7 +94,7 @@ proptest! {
 }
 
 fn replay(flags: &'static str) -> impl Fn(u64) -> String {
-    move |seed| format!("cargo run -p coord-chaos --bin chaos -- --seed {seed}{flags}")
+    move |seed| format!("cargo run -p coord-chaos-cli -- --seed {seed}{flags}")
 }
 
 /// The runner's own workload: seeds 0.. of the default scenario, each with the schedule its

@@ -18,7 +18,7 @@ fn seeds() -> u64 {
 
 fn replay(flags: &'static str) -> impl Fn(u64) -> String {
     move |seed| {
-        format!("cargo run -p coord-chaos --features turmoil --bin chaos -- --turmoil --seed {seed}{flags}")
+        format!("cargo run -p coord-chaos-cli --features turmoil -- --turmoil --seed {seed}{flags}")
     }
 }
 

@@ -6,7 +6,7 @@
 //! on three members under member faults alone (where a member stalled or slow is not drowned
 //! out by other faults).
 
-use coord_api::planted::{self, Bug};
+use coord_api::hooks::planted::{self, Bug};
 use coord_chaos::{CoordService, FaultKind, Runner, Scenario};
 
 /// Seeds tried per bug before declaring it missed. The seeds are fixed, so the result is the

@@ -227,7 +227,7 @@ impl<'a> InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if !self.done {
-            use coord_api::planted::{enabled, Bug};
+            use coord_api::hooks::planted::{enabled, Bug};
             // The connection goes if it answered nothing since (dead, or the member stalled);
             // the renewal goes elsewhere either way: a member that answers other requests yet
             // holds renewals (cut off from its peers, its leader lost) is no use for them

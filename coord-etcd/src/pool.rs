@@ -464,7 +464,7 @@ impl Pool {
     /// end now, with its connection, and resume on the next member: a leader whose key an
     /// operator deleted meanwhile learns it then, not seconds later.
     pub(crate) fn fail_over_after(&self, from: usize, err: &(dyn std::error::Error + 'static)) {
-        use coord_api::planted::{enabled, Bug};
+        use coord_api::hooks::planted::{enabled, Bug};
         let cut_off = error_chain(err).contains("no leader");
         if cut_off && enabled(Bug::FailoverStaysOnNoLeader) {
             return;

@@ -98,13 +98,13 @@ pub(crate) async fn get(c: &Client, req: &GetRequest) -> Result<GetResponse> {
 /// commit no other writer runs.
 const LOCK_META: &str = "SELECT revision, compact_revision FROM coord_meta WHERE id = 1 FOR UPDATE";
 
-/// The planted bug [`PostgresRevisionFromSequence`](coord_api::planted::Bug): the pending
+/// The planted bug [`PostgresRevisionFromSequence`](coord_api::hooks::planted::Bug): the pending
 /// revision from a sequence, and no lock until the revision is written at commit.
 const UNLOCKED_FROM_A_SEQUENCE: &str = "SELECT nextval('coord_planted_revision') - 1, \
      compact_revision FROM coord_meta WHERE id = 1";
 
 pub(crate) fn from_a_sequence() -> bool {
-    coord_api::planted::enabled(coord_api::planted::Bug::PostgresRevisionFromSequence)
+    coord_api::hooks::planted::enabled(coord_api::hooks::planted::Bug::PostgresRevisionFromSequence)
 }
 
 fn meta_of(row: &tokio_postgres::Row) -> Meta {

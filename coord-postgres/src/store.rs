@@ -302,7 +302,9 @@ impl KvLeaseStore for PostgresStore {
     }
 
     async fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
-        if !coord_api::planted::enabled(coord_api::planted::Bug::PostgresRetriesUnknownCommit) {
+        if !coord_api::hooks::planted::enabled(
+            coord_api::hooks::planted::Bug::PostgresRetriesUnknownCommit,
+        ) {
             return self.txn_once(req).await;
         }
         match self.txn_once(req.clone()).await {

@@ -38,9 +38,11 @@ pub(crate) fn advance(known: &watch::Sender<i64>, revision: i64) {
     });
 }
 
-/// The planted bug [`PostgresWatchFedByNotifications`](coord_api::planted::Bug): no poll.
+/// The planted bug [`PostgresWatchFedByNotifications`](coord_api::hooks::planted::Bug): no poll.
 fn fed_by_notifications() -> bool {
-    coord_api::planted::enabled(coord_api::planted::Bug::PostgresWatchFedByNotifications)
+    coord_api::hooks::planted::enabled(
+        coord_api::hooks::planted::Bug::PostgresWatchFedByNotifications,
+    )
 }
 
 /// Listens for notifications and polls, until `stop`.

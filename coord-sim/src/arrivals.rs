@@ -123,7 +123,7 @@ pub(crate) async fn land(shared: Weak<Shared>, arrivals: Arc<Arrivals>) {
         // One reading of the clock serves the batch: virtual time stands still while it
         // lands (arrivals it queues for this instant land in it too); in real time, what
         // comes due meanwhile lands on the next turn of the loop.
-        let now = coord_api::sync::clock::now();
+        let now = coord_api::hooks::clock::now();
         while let Some(arrival) = arrivals.take_due(now) {
             match arrival {
                 Arrival::Boxed(land) => land(now),

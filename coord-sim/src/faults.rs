@@ -266,7 +266,7 @@ impl SimStore {
     /// Ends [`hold_sent`](Self::hold_sent): the calls it held land now, in the order they
     /// reached the store. Returns how many it held (none: the hold changed nothing).
     pub fn release_sent(&self) -> usize {
-        let now = coord_api::sync::clock::now();
+        let now = coord_api::hooks::clock::now();
         let held = self.link.release_sent();
         let count = held.len();
         for land in held {

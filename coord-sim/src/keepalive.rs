@@ -223,7 +223,7 @@ impl KeepAlive for SimKeepAlive {
                 source: Some("the simulated stream was closed".into()),
             });
         }
-        let sent = coord_api::sync::clock::now();
+        let sent = coord_api::hooks::clock::now();
         let number = {
             let mut state = self.channel.lock();
             state.number += 1;

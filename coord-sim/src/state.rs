@@ -595,7 +595,9 @@ impl State {
         if live.peek().is_none() {
             return c.matches(None);
         }
-        if coord_api::planted::enabled(coord_api::planted::Bug::SimPrefixCompareChecksLastKey) {
+        if coord_api::hooks::planted::enabled(
+            coord_api::hooks::planted::Bug::SimPrefixCompareChecksLastKey,
+        ) {
             return live.last().is_some_and(|kv| c.matches(Some(kv)));
         }
         live.all(|kv| c.matches(Some(kv)))

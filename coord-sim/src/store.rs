@@ -51,7 +51,7 @@ impl Sink {
         if self.tx.is_closed() {
             return false;
         }
-        let now = coord_api::sync::clock::now();
+        let now = coord_api::hooks::clock::now();
         let at = now + self.latency + self.link.reply_latency();
         let at = self.last.map_or(at, |last| last.max(at));
         // Straight into the mailbox only when nothing sent before may still be on its way:
@@ -177,7 +177,7 @@ impl Shared {
                 }
             }
         }
-        coord_api::sync::clock::now()
+        coord_api::hooks::clock::now()
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -352,7 +352,7 @@ impl SimStore {
         kind: Call,
         apply: impl FnOnce(&SimStore) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let sent = coord_api::sync::clock::now();
+        let sent = coord_api::hooks::clock::now();
         let seq = self.link.send();
         if kind == Call::Write {
             self.link.write_sent();
@@ -396,7 +396,7 @@ impl SimStore {
                 // run when a simulation explores schedules. (A session's renewer has its point
                 // there already: one per renewal, the thousand a second at scale.)
                 if kind != Call::Renew {
-                    coord_api::sync::explore::point().await;
+                    coord_api::hooks::explore::point().await;
                 }
                 return result;
             }

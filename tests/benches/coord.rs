@@ -9,7 +9,7 @@
 //! Real etcd processes are started by the harness (Debian: etcd-server; etcdctl from
 //! etcd-client). Not timed tests: nothing here asserts a figure.
 
-// The simulations allocate as the chaos binary's do (see coord-chaos's `mimalloc` feature).
+// The simulations allocate as the chaos binary's do (coord-chaos/cli/Cargo.toml says why).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -1030,7 +1030,8 @@ const HAND_WRITTEN: &str =
     "<!-- Above: written by `cargo bench -p coord-tests --bench coord`, in one run. Below: by hand, kept by the bench. -->";
 
 fn main() {
-    coord_chaos::allocator::keep_freed_memory();
+    // mimalloc keeps the memory it frees here through MIMALLOC_PURGE_DELAY=-1, which
+    // .cargo/config.toml sets for what cargo runs (the chaos binary sets it in code).
     // `cargo bench` passes --bench; `cargo test --all-targets` builds and runs bench targets
     // too, without it, and must not spend minutes here or rewrite BENCHMARKS.md.
     if !std::env::args().any(|a| a == "--bench") {

@@ -83,7 +83,7 @@ impl Follow {
     pub(crate) async fn next(&mut self) -> Change {
         loop {
             if let Some(c) = self.pending.pop_front() {
-                crate::sync::explore::point().await;
+                crate::hooks::explore::point().await;
                 return c;
             }
             let Some(stream) = self.stream.as_mut() else {

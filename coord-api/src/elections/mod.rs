@@ -219,7 +219,8 @@ fn lost(leader: &LeaderKey) -> Error {
 /// in the queue: the caller bounds the wait (a session's end, a cancellation).
 async fn wait_for_turn<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) -> Result<()> {
     let prefix = prefix_of(&leader.name);
-    let skip_own_check = crate::planted::enabled(crate::planted::Bug::CampaignSkipsOwnKeyCheck);
+    let skip_own_check =
+        crate::hooks::planted::enabled(crate::hooks::planted::Bug::CampaignSkipsOwnKeyCheck);
     let shared = store.shared();
     let mut backoff = retry::store_backoff(retry::seed(&[&leader.key]));
     let mut first = true;
@@ -246,7 +247,7 @@ async fn wait_for_turn<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) 
             Err(e) => return Err(e),
         };
         backoff.reset();
-        crate::sync::explore::point().await;
+        crate::hooks::explore::point().await;
         let first_kv = |i: usize| {
             snapshot
                 .responses
@@ -375,7 +376,7 @@ async fn wait_for_seat<S: KvLeaseStore + ?Sized>(
             Err(e) => return Err(e),
         };
         backoff.reset();
-        crate::sync::explore::point().await;
+        crate::hooks::explore::point().await;
         tracing::debug!(election = %leader.name, %revision, "waiting for one of the keys just ahead to go");
         let from = revision + 1;
         let follow = |kv: &KeyValue| {
@@ -395,7 +396,8 @@ async fn wait_for_seat<S: KvLeaseStore + ?Sized>(
             let created = *created;
             Box::pin(async move { f.until_gone(|kv| kv.create_revision == created).await })
         }));
-        let never_wakes = crate::planted::enabled(crate::planted::Bug::SemaphoreWaiterNeverWakes);
+        let never_wakes =
+            crate::hooks::planted::enabled(crate::hooks::planted::Bug::SemaphoreWaiterNeverWakes);
         // Whichever goes, the next read (not the watch) decides what comes next.
         tokio::select! {
             biased;

@@ -380,7 +380,7 @@ where
             // unknown, or only this process's view of the leadership ended) is resigned now,
             // in the session's turn, and the stop says whether it is gone.
             _ = cancel.stopped() => return match standing {
-                Some(_) if crate::planted::enabled(crate::planted::Bug::CandidateRestForgetsItsKey) => Ok(()),
+                Some(_) if crate::hooks::planted::enabled(crate::hooks::planted::Bug::CandidateRestForgetsItsKey) => Ok(()),
                 Some(key) => key.resign().await,
                 None => Ok(()),
             },
@@ -443,10 +443,12 @@ where
         // The work has its grace, and never past the deadline: the store may elect someone
         // else from then on.
         let until = (Instant::now() + grace).min(leadership.deadline());
-        if crate::planted::enabled(crate::planted::Bug::CandidateSkipsWorkWait) {
+        if crate::hooks::planted::enabled(crate::hooks::planted::Bug::CandidateSkipsWorkWait) {
             tokio::spawn(running);
         } else if matches!(end, End::Stopping)
-            && crate::planted::enabled(crate::planted::Bug::CandidateStopWaitsOutItsWork)
+            && crate::hooks::planted::enabled(
+                crate::hooks::planted::Bug::CandidateStopWaitsOutItsWork,
+            )
         {
             running.await;
         } else if tokio::time::timeout_at(until, running).await.is_err() {

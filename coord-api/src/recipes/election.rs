@@ -124,7 +124,7 @@ impl Election {
             },
         };
         self.runway(&won, campaign).await?;
-        crate::sync::explore::point().await;
+        crate::hooks::explore::point().await;
         tracing::info!(election = %self.name, token = %won.token, "leadership acquired");
         crate::metrics::record::campaign_won_after(&self.name, begun.elapsed());
         Ok(Leadership::new(
@@ -204,7 +204,9 @@ impl Election {
             self.store.clone(),
             TxnRequest::new()
                 .when([
-                    if crate::planted::enabled(crate::planted::Bug::TryLockIgnoresTheQueue) {
+                    if crate::hooks::planted::enabled(
+                        crate::hooks::planted::Bug::TryLockIgnoresTheQueue,
+                    ) {
                         Compare::create_revision(key.clone(), CompareOp::Equal, 0)
                     } else {
                         Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_prefix()
@@ -714,7 +716,8 @@ async fn resign_key(
     key: &LeaderKey,
     campaign: u64,
 ) -> Result<()> {
-    let planted = crate::planted::enabled(crate::planted::Bug::ResignIgnoresNewerCampaign);
+    let planted =
+        crate::hooks::planted::enabled(crate::hooks::planted::Bug::ResignIgnoresNewerCampaign);
     let Some(_turn) = (if planted {
         Some(None)
     } else {
@@ -790,7 +793,7 @@ impl Fence {
     /// leadership has then ended ([`Leadership::lost`] fires with [`LossReason::FencedOut`]).
     /// Otherwise whatever the transaction fails with.
     pub async fn txn(&self, txn: TxnRequest) -> Result<TxnResponse> {
-        if crate::planted::enabled(crate::planted::Bug::FenceCheckedLocally)
+        if crate::hooks::planted::enabled(crate::hooks::planted::Bug::FenceCheckedLocally)
             && self.lost.get().is_none()
         {
             return self.store.txn(txn).await;

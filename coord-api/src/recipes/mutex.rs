@@ -155,7 +155,7 @@ impl MutexGuard {
             .take()
             .expect("a guard holds its lock until it is consumed");
         let (name, token) = (held.key().name.clone(), held.token());
-        if crate::planted::enabled(crate::planted::Bug::UnlockReturnsBeforeDelete) {
+        if crate::hooks::planted::enabled(crate::hooks::planted::Bug::UnlockReturnsBeforeDelete) {
             held.withdraw_in_background();
             return Ok(());
         }

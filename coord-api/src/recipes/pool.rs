@@ -182,7 +182,9 @@ impl ElectionPool {
     /// a campaign just dropped there has settled; see [`Election::leave`]. A pool without a
     /// session has no key to take out.
     pub(crate) async fn leave(&self, name: &str) -> Result<()> {
-        if crate::planted::enabled(crate::planted::Bug::CandidateStopLeavesItsQueuedKey) {
+        if crate::hooks::planted::enabled(
+            crate::hooks::planted::Bug::CandidateStopLeavesItsQueuedKey,
+        ) {
             return Ok(());
         }
         match self.inner.host.current() {

@@ -221,7 +221,9 @@ impl Shared {
             },
             None => turn.await,
         };
-        let metadata = if crate::planted::enabled(crate::planted::Bug::HealWritesFirstMetadata) {
+        let metadata = if crate::hooks::planted::enabled(
+            crate::hooks::planted::Bug::HealWritesFirstMetadata,
+        ) {
             self.config.metadata.clone()
         } else {
             self.latest()
@@ -608,7 +610,7 @@ impl HostRegistration {
     pub async fn stop(mut self) -> Result<()> {
         let shared = self.shared.clone();
         // Wait for the loop: after this, nothing can publish a new lease or write the key.
-        if crate::planted::enabled(crate::planted::Bug::StopSkipsTheHeal) {
+        if crate::hooks::planted::enabled(crate::hooks::planted::Bug::StopSkipsTheHeal) {
             self.task.cancel();
         } else if shared.owned || shared.heal_writes.try_write().is_ok() {
             self.task.stop().await;
@@ -633,7 +635,7 @@ impl HostRegistration {
         shared.status.send_replace(RegistrationStatus::Stopped);
         shared.lease.store(0, Ordering::SeqCst);
         shared.set_session(None);
-        if crate::planted::enabled(crate::planted::Bug::StopDeletesUnconditionally) {
+        if crate::hooks::planted::enabled(crate::hooks::planted::Bug::StopDeletesUnconditionally) {
             let key = DeleteRequest::key(shared.config.key.clone());
             shared.store().delete(key).await?;
         }
@@ -698,8 +700,8 @@ type Held = (SessionHandle, (Revision, Revision));
 /// older metadata is left for the stop, not rewritten).
 async fn register(shared: &Shared, cancel: Option<&Stop>) -> Result<Held> {
     let cancel = cancel.filter(|_| {
-        !crate::planted::enabled(crate::planted::Bug::StopSkipsTheHeal)
-            && !crate::planted::enabled(crate::planted::Bug::HealOutlivesTheStop)
+        !crate::hooks::planted::enabled(crate::hooks::planted::Bug::StopSkipsTheHeal)
+            && !crate::hooks::planted::enabled(crate::hooks::planted::Bug::HealOutlivesTheStop)
     });
     let session = match cancel {
         Some(cancel) => tokio::select! {
@@ -728,7 +730,7 @@ async fn register(shared: &Shared, cancel: Option<&Stop>) -> Result<Held> {
             }
             // The key is under the live lease: older leases of the host hold nothing of ours.
             shared.host.moved(shared.id, session.lease());
-            crate::sync::explore::point().await;
+            crate::hooks::explore::point().await;
             Ok((session, revisions))
         }
         Err(e) => {
@@ -783,7 +785,7 @@ async fn run(shared: Arc<Shared>, first: Option<Held>, cancel: Stop) {
             shared.host.evict(session.lease()).await;
         }
         healing = true;
-        if crate::planted::enabled(crate::planted::Bug::RegistrationGivesUpOnLoss) {
+        if crate::hooks::planted::enabled(crate::hooks::planted::Bug::RegistrationGivesUpOnLoss) {
             shared
                 .status
                 .send_replace(RegistrationStatus::Healing { attempt: 0 });
@@ -809,7 +811,7 @@ async fn establish(
                 .status
                 .send_replace(RegistrationStatus::Healing { attempt });
         }
-        crate::sync::explore::point().await;
+        crate::hooks::explore::point().await;
         let delay = if healing || attempt > 1 {
             backoff.next_delay()
         } else {
@@ -825,7 +827,7 @@ async fn establish(
         // removes whatever it wrote.
         match register(shared, Some(cancel)).await {
             Ok(held) => {
-                if !crate::planted::enabled(crate::planted::Bug::BackoffNeverResets) {
+                if !crate::hooks::planted::enabled(crate::hooks::planted::Bug::BackoffNeverResets) {
                     backoff.reset();
                 }
                 if attempt > 1 || healing {

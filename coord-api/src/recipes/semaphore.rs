@@ -61,7 +61,7 @@ impl Semaphore {
     /// A count of zero is refused by every call with [`Error::InvalidArgument`].
     pub fn new(session: impl Into<SessionHandle>, name: impl Into<String>, permits: u32) -> Self {
         let mut seats = permits.max(1) as usize;
-        if crate::planted::enabled(crate::planted::Bug::SemaphoreOneTooMany) {
+        if crate::hooks::planted::enabled(crate::hooks::planted::Bug::SemaphoreOneTooMany) {
             seats += 1;
         }
         Semaphore {

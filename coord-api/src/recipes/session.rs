@@ -40,9 +40,10 @@ use super::task::Task;
 use super::turn::KeyTurn;
 use crate::elections::{withdraw, Cleanup};
 use crate::error::{Error, ErrorClass, Result};
+use crate::hooks::clock;
 use crate::retry::{self, Backoff};
 use crate::store::{DynKvLeaseStore, KeepAlive};
-use crate::sync::{clock, watch};
+use crate::sync::watch;
 use crate::types::LeaseId;
 
 /// How a [`Session`] keeps its lease.
@@ -838,9 +839,9 @@ pub(crate) fn release_lease_then(
     );
 }
 
-/// The planted bug that trusts renewal replies alone (see [`crate::planted`]).
+/// The planted bug that trusts renewal replies alone (see [`crate::hooks::planted`]).
 fn ignores_deadline() -> bool {
-    crate::planted::enabled(crate::planted::Bug::StepDownOnRenewalReply)
+    crate::hooks::planted::enabled(crate::hooks::planted::Bug::StepDownOnRenewalReply)
 }
 
 /// What one renewal came to.
@@ -1007,10 +1008,11 @@ impl Renewer {
             Ok(ttl) => {
                 // The renewal is acknowledged and not yet published: let other tasks run here
                 // when a simulation explores schedules.
-                crate::sync::explore::point().await;
+                crate::hooks::explore::point().await;
                 let now = clock::now();
-                let from = if crate::planted::enabled(crate::planted::Bug::SessionDeadlineFromReply)
-                {
+                let from = if crate::hooks::planted::enabled(
+                    crate::hooks::planted::Bug::SessionDeadlineFromReply,
+                ) {
                     now
                 } else {
                     sent
@@ -1034,7 +1036,9 @@ impl Renewer {
                 Attempt::Ended(Some(e))
             }
             Err(e @ Error::StreamClosed { .. })
-                if crate::planted::enabled(crate::planted::Bug::RegrantOnClosedStream) =>
+                if crate::hooks::planted::enabled(
+                    crate::hooks::planted::Bug::RegrantOnClosedStream,
+                ) =>
             {
                 self.inner.end(SessionEnd::LeaseLost);
                 Attempt::Ended(Some(e))

@@ -575,7 +575,7 @@ impl Worker {
     /// Moves the outbox into the channel, waiting for room.
     async fn flush(&self) {
         while !self.outbox.is_empty() {
-            crate::sync::explore::point().await;
+            crate::hooks::explore::point().await;
             // With room in the buffer (nearly always) the slot is there at once.
             let permit = match self.tx.try_reserve() {
                 Ok(p) => p,
@@ -740,7 +740,7 @@ impl Worker {
 
     /// The planted watcher bugs: resume without re-listing. True when one applied.
     async fn planted_skip_relist(&mut self, outcome: &Broken) -> bool {
-        use crate::planted::{enabled, Bug};
+        use crate::hooks::planted::{enabled, Bug};
         match outcome {
             Broken::Compacted(point) if enabled(Bug::WatcherIgnoresCompaction) => {
                 self.view.revision = point.prev();
@@ -796,7 +796,7 @@ impl Worker {
             } else {
                 self.config.probe
             };
-            silence.as_mut().reset(crate::sync::clock::now() + wait);
+            silence.as_mut().reset(crate::hooks::clock::now() + wait);
             let first = tokio::select! {
                 biased;
                 item = stream.next() => item,
@@ -849,7 +849,8 @@ impl Worker {
             }
             // The view first, then the events it explains: a consumer that reads an event
             // and then the view finds the event in it.
-            if crate::planted::enabled(crate::planted::Bug::WatcherEmitsBeforePublish) {
+            if crate::hooks::planted::enabled(crate::hooks::planted::Bug::WatcherEmitsBeforePublish)
+            {
                 self.emit(out.drain(..)).await;
             }
             self.publish();
@@ -862,7 +863,9 @@ impl Worker {
 
     /// Applies one watch batch to the view, collecting the events to emit.
     fn apply(&mut self, batch: crate::WatchResponse, out: &mut Vec<ClusterEvent>) {
-        let planted = crate::planted::enabled(crate::planted::Bug::WatcherTrustsProgressAnswers);
+        let planted = crate::hooks::planted::enabled(
+            crate::hooks::planted::Bug::WatcherTrustsProgressAnswers,
+        );
         if batch.is_progress_answer() && !planted {
             // Proof of life only: etcd 3.4 sends it ahead of events still queued for the
             // watch, so its revision is no delivery bound.

@@ -1,13 +1,8 @@
 //! Synchronisation the recipes share with their users, deterministic under simulation: every
 //! wake-up happens in an order fixed by the program, never by a random generator, so a
-//! simulation replays from its seed in any build (no `--cfg tokio_unstable` needed); a stop
-//! signal that a task's select loop can poll at every wake-up for the price of a load;
-//! schedule exploration, which lets a simulation interleave tasks at the recipes' await
-//! points from its seed; and the clock as coord reads it, once per turn of a simulation's
-//! runtime.
+//! simulation replays from its seed in any build (no `--cfg tokio_unstable` needed); and a
+//! stop signal that a task's select loop can poll at every wake-up for the price of a load.
 
-pub mod clock;
-pub mod explore;
 mod stop;
 mod waiters;
 pub mod watch;

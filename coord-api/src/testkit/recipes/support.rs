@@ -49,68 +49,13 @@ impl CountingTxns {
     }
 }
 
-// Every method, so that nothing bypasses the count through a default.
-#[deny(clippy::missing_trait_methods)]
 #[crate::async_trait]
-impl crate::KvLeaseStore for CountingTxns {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
-    fn limits(&self) -> crate::Limits {
-        self.inner.limits()
-    }
-    fn shared(&self) -> Arc<DynKvLeaseStore> {
-        Arc::new(self.clone())
-    }
-    async fn get(&self, req: crate::GetRequest) -> crate::Result<crate::GetResponse> {
-        self.inner.get(req).await
-    }
-    async fn put(&self, req: crate::PutRequest) -> crate::Result<crate::PutResponse> {
-        self.inner.put(req).await
-    }
-    async fn delete(&self, req: crate::DeleteRequest) -> crate::Result<crate::DeleteResponse> {
-        self.inner.delete(req).await
+impl crate::Forward for CountingTxns {
+    fn inner(&self) -> &DynKvLeaseStore {
+        &*self.inner
     }
     async fn txn(&self, req: crate::TxnRequest) -> crate::Result<crate::TxnResponse> {
         self.txns.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.inner.txn(req).await
-    }
-    async fn grant(&self, ttl: Duration) -> crate::Result<crate::LeaseGrant> {
-        self.inner.grant(ttl).await
-    }
-    async fn revoke(&self, lease: crate::LeaseId) -> crate::Result<crate::Revision> {
-        self.inner.revoke(lease).await
-    }
-    async fn time_to_live(&self, lease: crate::LeaseId) -> crate::Result<crate::LeaseTimeToLive> {
-        self.inner.time_to_live(lease).await
-    }
-    async fn keep_alive(&self, lease: crate::LeaseId) -> crate::Result<Box<dyn crate::KeepAlive>> {
-        self.inner.keep_alive(lease).await
-    }
-    async fn watch(&self, req: crate::WatchRequest) -> crate::Result<crate::WatchStream> {
-        self.inner.watch(req).await
-    }
-    async fn compact(&self, revision: crate::Revision) -> crate::Result<()> {
-        self.inner.compact(revision).await
-    }
-    async fn campaign(
-        &self,
-        name: &str,
-        value: bytes::Bytes,
-        lease: crate::LeaseId,
-    ) -> crate::Result<crate::LeaderKey> {
-        self.inner.campaign(name, value, lease).await
-    }
-    async fn proclaim(&self, leader: &crate::LeaderKey, value: bytes::Bytes) -> crate::Result<()> {
-        self.inner.proclaim(leader, value).await
-    }
-    async fn leader(&self, name: &str) -> crate::Result<crate::KeyValue> {
-        self.inner.leader(name).await
-    }
-    async fn observe(&self, name: &str) -> crate::Result<crate::LeaderStream> {
-        self.inner.observe(name).await
-    }
-    async fn resign(&self, leader: &crate::LeaderKey) -> crate::Result<()> {
-        self.inner.resign(leader).await
     }
 }

@@ -12,9 +12,9 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
-//! coord_api::sync::explore::enable(42);
-//! coord_api::sync::explore::point().await; // may yield, deterministically from seed 42
-//! coord_api::sync::explore::disable();
+//! coord_api::hooks::explore::enable(42);
+//! coord_api::hooks::explore::point().await; // may yield, deterministically from seed 42
+//! coord_api::hooks::explore::disable();
 //! # }
 //! ```
 

@@ -1,6 +1,5 @@
-//! The `chaos` binary's allocator settings (the `mimalloc` feature). The library sets no
-//! allocator; a binary that runs simulations on mimalloc (the `chaos` binary, coord's bench)
-//! calls [`keep_freed_memory`] first thing in `main`.
+//! The `chaos` binary's allocator settings: it runs on mimalloc and calls
+//! [`keep_freed_memory`] first thing in `main`.
 
 /// Tells mimalloc to keep the memory it frees for reuse, never returning it to the OS.
 ///
@@ -12,18 +11,8 @@
 /// memory is the same: the history grows to the end of a run anyway.
 ///
 /// A no-op unless mimalloc is the global allocator. Call it before the simulations start.
-///
-/// ```no_run
-/// #[global_allocator]
-/// static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-///
-/// fn main() {
-///     coord_chaos::allocator::keep_freed_memory();
-///     // ... run the simulations
-/// }
-/// ```
 #[allow(unsafe_code)]
-pub fn keep_freed_memory() {
+pub(crate) fn keep_freed_memory() {
     // `mi_option_purge_delay`, mimalloc v2's 16th option (its `mimalloc.h`), which the sys
     // crate does not name; -1 is "never purge".
     const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;

@@ -15,7 +15,7 @@
 //! lag until the next one). Readings in the caller's own code are the runtime's as ever.
 //!
 //! ```
-//! use coord_api::sync::clock;
+//! use coord_api::hooks::clock;
 //!
 //! let mut builder = tokio::runtime::Builder::new_current_thread();
 //! builder.enable_time().start_paused(true);

@@ -4,13 +4,14 @@
 //! status 1 on any violation.
 //!
 //! ```text
-//! cargo run -p coord-chaos --bin chaos -- --help
+//! cargo run -p coord-chaos-cli -- --help
 //! ```
 
-// See the feature's note in Cargo.toml.
-#[cfg(feature = "mimalloc")]
+// See the dependency's note in Cargo.toml.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+mod allocator;
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -185,7 +186,7 @@ fn parse() -> Result<Args, String> {
 }
 
 fn replay_command(turmoil: bool, bug: Option<&str>, flags: &[String], seed: u64) -> String {
-    let mut cmd = String::from("cargo run -p coord-chaos");
+    let mut cmd = String::from("cargo run -p coord-chaos-cli");
     let features: Vec<&str> = [bug.map(|_| "planted-bugs"), turmoil.then_some("turmoil")]
         .into_iter()
         .flatten()
@@ -193,7 +194,7 @@ fn replay_command(turmoil: bool, bug: Option<&str>, flags: &[String], seed: u64)
     if !features.is_empty() {
         cmd.push_str(&format!(" --features {}", features.join(",")));
     }
-    cmd.push_str(&format!(" --bin chaos -- --seed {seed}"));
+    cmd.push_str(&format!(" -- --seed {seed}"));
     for f in flags {
         cmd.push(' ');
         cmd.push_str(f);
@@ -220,8 +221,7 @@ impl tracing_subscriber::fmt::time::FormatTime for SimTime {
 }
 
 fn main() -> ExitCode {
-    #[cfg(feature = "mimalloc")]
-    coord_chaos::allocator::keep_freed_memory();
+    allocator::keep_freed_memory();
     // Logs of the recipes and the simulator, with RUST_LOG (for a replayed seed, say).
     if std::env::var_os("RUST_LOG").is_some() {
         tracing_subscriber::fmt()
@@ -238,15 +238,15 @@ fn main() -> ExitCode {
         }
     };
     if let Some(name) = &args.bug {
-        let Some(bug) = coord_api::planted::Bug::from_name(name) else {
+        let Some(bug) = coord_api::hooks::planted::Bug::from_name(name) else {
             eprintln!("chaos: no planted bug named {name}");
             return ExitCode::from(2);
         };
-        if !coord_api::planted::AVAILABLE {
-            eprintln!("chaos: --bug needs the planted-bugs feature (cargo run --features planted-bugs ...)");
+        if !coord_api::hooks::planted::AVAILABLE {
+            eprintln!("chaos: --bug needs the planted-bugs feature (cargo run -p coord-chaos-cli --features planted-bugs ...)");
             return ExitCode::from(2);
         }
-        coord_api::planted::enable(&[bug]);
+        coord_api::hooks::planted::enable(&[bug]);
     }
     if args.turmoil && !cfg!(feature = "turmoil") {
         eprintln!("chaos: --turmoil needs the turmoil feature (cargo run --features turmoil ...)");
