@@ -27,8 +27,8 @@ use coord_chaos::{Emitted, Happening};
 use coord_etcd::testing::{EtcdCluster, TcpProxy};
 use coord_etcd::{EtcdConfig, EtcdStore};
 use parts::{
-    all_registered, hosts_and_an_election, observe, register, Leaders, Partitionable, Seen, SLACK,
-    TTL,
+    all_registered, hosts_and_an_election, observe, register, register_on, Leaders, Partitionable,
+    Seen, SLACK, TTL,
 };
 use tokio::time::Instant;
 use witness::Witness;
@@ -530,7 +530,7 @@ async fn a_service_started_while_etcd_is_down_comes_up_when_it_answers() {
     let store: Arc<DynKvLeaseStore> =
         Arc::new(EtcdStore::connect_lazy(cluster.config()).expect("a valid configuration"));
     let host = HostSession::new(store.clone(), SessionConfig::default().with_ttl(TTL));
-    let reg = HostRegistration::spawn_on(&host, register("a")).unwrap();
+    let reg = HostRegistration::spawn_on(&host, register_on("a")).unwrap();
     let pool = ElectionPool::on(&host);
     let candidate = Candidate::spawn(
         &pool,

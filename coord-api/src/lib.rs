@@ -79,6 +79,7 @@ mod request;
 pub mod retry;
 mod store;
 pub mod sync;
+mod txn;
 mod types;
 pub mod validate;
 mod watch_stream;
@@ -93,13 +94,13 @@ pub use forward::Forward;
 pub use leader_key::LeaderKey;
 pub use namespace::Namespaced;
 pub use request::{
-    Compare, CompareOp, CompareTarget, DeleteRequest, DeleteResponse, GetRequest, GetResponse,
-    LeaseGrant, LeaseTimeToLive, PutRequest, PutResponse, SortOrder, SortTarget, TxnOp,
-    TxnOpResponse, TxnRequest, TxnResponse, WatchRequest, WatchResponse,
+    DeleteRequest, DeleteResponse, GetRequest, GetResponse, LeaseGrant, LeaseTimeToLive,
+    PutRequest, PutResponse, SortOrder, SortTarget, WatchRequest, WatchResponse,
 };
 pub use store::{
     DynKvLeaseStore, KeepAlive, KvLeaseStore, KvLeaseStoreExt, LeaderStream, WatchStream,
 };
+pub use txn::{Compare, CompareOp, CompareTarget, TxnOp, TxnOpResponse, TxnRequest, TxnResponse};
 pub use types::{Event, EventKind, KeyRange, KeyValue, LeaseId, Limits, Revision};
 
 // Re-exported so backends and users name the same versions.

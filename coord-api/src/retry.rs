@@ -22,7 +22,16 @@
 //! assert!(first <= Duration::from_millis(100) && first >= Duration::from_millis(50));
 //! backoff.reset(); // after a success
 //! ```
+//!
+//! The loop around it is written once: [`until`] runs attempts until one finishes, waiting
+//! the next delay between them and ending the wait at a stop; [`call`] retries a store call
+//! while its error is [`Retryable`](crate::ErrorClass::Retryable). The delays come from the
+//! presets below ([`Backoff::store`], [`Backoff::request`], [`Backoff::renewal`]) or from a
+//! recipe's own settings (a registration's or a candidate's `initial_backoff` and
+//! `max_backoff`).
 
+use std::future::Future;
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 /// Exponential backoff: `initial`, doubling, capped at `max`, each delay jittered down by up
@@ -87,11 +96,108 @@ pub fn seed(parts: &[&[u8]]) -> u64 {
     h
 }
 
-/// The backoff of waits on the store that must not give up (re-opening a watch, re-reading,
-/// retrying a clean-up): 100 ms, doubling to 1 s, so a recipe is back within about a second
-/// of the store answering again.
-pub(crate) fn store_backoff(seed: u64) -> Backoff {
-    Backoff::new(Duration::from_millis(100), Duration::from_secs(1), seed)
+impl Backoff {
+    /// The preset of waits on the store that must not give up (re-opening a watch,
+    /// re-reading, retrying a clean-up): 100 ms, doubling to 1 s, so a recipe is back within
+    /// about a second of the store answering again.
+    pub fn store(seed: u64) -> Backoff {
+        Backoff::new(Duration::from_millis(100), Duration::from_secs(1), seed)
+    }
+
+    /// The preset of a request sent again (to another member) within its request timeout:
+    /// 20 ms, doubling to 500 ms.
+    pub fn request(seed: u64) -> Backoff {
+        Backoff::new(Duration::from_millis(20), Duration::from_millis(500), seed)
+    }
+
+    /// The preset of a lease's renewal after one failed, sooner than the regular cadence
+    /// (`every`): a quarter of it (at least 50 ms), doubling to the cadence.
+    pub fn renewal(every: Duration, seed: u64) -> Backoff {
+        Backoff::new((every / 4).max(Duration::from_millis(50)), every, seed)
+    }
+}
+
+/// Runs `attempt` (given its number, from 1) until it finishes with
+/// [`ControlFlow::Break`], waiting `backoff`'s next delay after each
+/// [`ControlFlow::Continue`]. `stop` ends a wait between attempts: the loop then returns its
+/// output as `Err`. An attempt in flight is never dropped here; one that must end at the stop
+/// selects on it itself. `backoff` is not reset: what counts as a success is the caller's to
+/// say.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// use std::ops::ControlFlow;
+/// use coord_api::retry::{self, Backoff};
+///
+/// let mut backoff = Backoff::store(retry::seed(&[b"example"]));
+/// let done = retry::until(&mut backoff, std::future::pending::<()>(), |n| async move {
+///     if n < 3 { ControlFlow::Continue(()) } else { ControlFlow::Break(n) }
+/// })
+/// .await;
+/// assert_eq!(done, Ok(3));
+/// # }
+/// ```
+pub async fn until<T, S, F, Fut>(
+    backoff: &mut Backoff,
+    stop: impl Future<Output = S>,
+    mut attempt: F,
+) -> Result<T, S>
+where
+    F: FnMut(u32) -> Fut,
+    Fut: Future<Output = ControlFlow<T>>,
+{
+    let mut stop = std::pin::pin!(stop);
+    let mut n = 0;
+    loop {
+        n += 1;
+        if let ControlFlow::Break(done) = attempt(n).await {
+            return Ok(done);
+        }
+        tokio::select! {
+            biased;
+            stopped = &mut stop => return Err(stopped),
+            () = backoff.wait() => {}
+        }
+    }
+}
+
+/// Sends `request` until it succeeds or fails with an error retrying cannot mend (any class
+/// but [`Retryable`](crate::ErrorClass::Retryable)), waiting `backoff`'s delays between
+/// attempts and resetting it after a success. `what` names the request in the debug event
+/// of each retry. The caller bounds the whole (a session's end, a cancellation).
+pub async fn call<T, F, Fut>(backoff: &mut Backoff, what: &str, mut request: F) -> crate::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = crate::Result<T>>,
+{
+    let done = until(
+        backoff,
+        std::future::pending::<std::convert::Infallible>(),
+        |attempt| {
+            let sent = request();
+            async move {
+                match sent.await {
+                    Err(e) if e.is_retryable() => {
+                        tracing::debug!(
+                            what,
+                            attempt,
+                            error = &e as &dyn std::error::Error,
+                            "retrying"
+                        );
+                        ControlFlow::Continue(())
+                    }
+                    done => ControlFlow::Break(done),
+                }
+            }
+        },
+    )
+    .await;
+    let Ok(done) = done;
+    if done.is_ok() {
+        backoff.reset();
+    }
+    done
 }
 
 #[cfg(test)]

@@ -10,12 +10,12 @@ use futures::stream::BoxStream;
 
 use crate::error::Result;
 use crate::leader_key::LeaderKey;
-use crate::request::{
+use crate::types::{KeyValue, LeaseId, Limits, Revision};
+pub use crate::watch_stream::WatchStream;
+use crate::{
     DeleteRequest, DeleteResponse, GetRequest, GetResponse, LeaseGrant, LeaseTimeToLive,
     PutRequest, PutResponse, TxnRequest, TxnResponse, WatchRequest,
 };
-use crate::types::{KeyValue, LeaseId, Limits, Revision};
-pub use crate::watch_stream::WatchStream;
 
 /// A stream of leaders; see [`KvLeaseStore::observe`].
 pub type LeaderStream = BoxStream<'static, Result<KeyValue>>;

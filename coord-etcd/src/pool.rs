@@ -517,13 +517,9 @@ impl Pool {
     {
         let deadline = Instant::now() + self.request_timeout();
         let n = self.endpoints.len();
-        // coord's one retry policy (jittered, seeded), at a request's scale: 20 ms doubling
-        // to 500 ms, within the request timeout.
-        let mut backoff = Backoff::new(
-            Duration::from_millis(20),
-            Duration::from_millis(500),
-            retry::seed(&[op.as_bytes(), about]),
-        );
+        // coord's one retry policy (jittered, seeded), at a request's scale, within the
+        // request timeout.
+        let mut backoff = Backoff::request(retry::seed(&[op.as_bytes(), about]));
         let mut attempt = 0usize;
         loop {
             let idx = self.current();

@@ -31,8 +31,12 @@ pub(crate) const WORK: &str = "work/jobs";
 const WORK_EVERY: Duration = Duration::from_millis(100);
 
 pub(crate) fn register(host: &str) -> RegistrationConfig {
+    register_on(host).with_ttl(TTL)
+}
+
+/// [`register`] for a host session's lease, whose TTL is the session's.
+pub(crate) fn register_on(host: &str) -> RegistrationConfig {
     RegistrationConfig::new(format!("hosts/{host}"), host.to_owned())
-        .with_ttl(TTL)
         .with_backoff(Duration::from_millis(100), Duration::from_secs(1))
 }
 

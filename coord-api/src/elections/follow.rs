@@ -20,10 +20,10 @@ use bytes::Bytes;
 use futures::StreamExt;
 
 use crate::error::Error;
-use crate::request::{GetRequest, WatchRequest};
 use crate::retry::{self, Backoff};
 use crate::store::{DynKvLeaseStore, WatchStream};
 use crate::types::{EventKind, KeyValue, Revision};
+use crate::{GetRequest, WatchRequest};
 
 /// A change to the followed key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,7 +67,7 @@ impl Follow {
             last: known,
             stream: None,
             pending: VecDeque::new(),
-            backoff: retry::store_backoff(seed),
+            backoff: retry::Backoff::store(seed),
             answered_within: None,
         }
     }

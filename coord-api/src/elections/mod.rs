@@ -42,14 +42,14 @@ use tracing::Instrument;
 
 use crate::error::{Error, ErrorClass, Result};
 use crate::leader_key::LeaderKey;
-use crate::request::{
-    Compare, CompareOp, DeleteRequest, GetRequest, PutRequest, SortOrder, SortTarget, TxnOp,
-    TxnRequest, WatchRequest,
-};
 use crate::retry;
 use crate::store::{DynKvLeaseStore, KvLeaseStore, LeaderStream};
 use crate::types::{EventKind, KeyValue, LeaseId, Revision};
 use crate::validate;
+use crate::{
+    Compare, CompareOp, DeleteRequest, GetRequest, PutRequest, SortOrder, SortTarget, TxnOp,
+    TxnRequest, WatchRequest,
+};
 
 use follow::{Change, Follow};
 
@@ -222,31 +222,27 @@ async fn wait_for_turn<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) 
     let skip_own_check =
         crate::hooks::planted::enabled(crate::hooks::planted::Bug::CampaignSkipsOwnKeyCheck);
     let shared = store.shared();
-    let mut backoff = retry::store_backoff(retry::seed(&[&leader.key]));
+    let mut backoff = retry::Backoff::store(retry::seed(&[&leader.key]));
     let mut first = true;
     loop {
         // One consistent read: our own key, and the newest key created before it (the one
         // whose deletion we wait for), as etcd's Go client asks (sorted, limit 1, so a queue of
         // thousands costs one key per read, not the whole queue).
-        let read = TxnRequest::new().and_then([
-            TxnOp::Get(GetRequest::key(leader.key.to_vec())),
-            TxnOp::Get(
-                GetRequest::prefix(prefix.clone())
-                    .with_max_create_revision(leader.token.prev())
-                    .with_sort(SortTarget::Create, SortOrder::Descend)
-                    .with_limit(1),
-            ),
-        ]);
-        let snapshot = match store.txn(read).await {
-            Ok(s) => s,
-            Err(e) if matches!(e.class(), ErrorClass::Retryable) => {
-                tracing::debug!(election = %leader.name, error = &e as &dyn std::error::Error, "could not read the queue; retrying");
-                backoff.wait().await;
-                continue;
-            }
-            Err(e) => return Err(e),
+        let read = || {
+            TxnRequest::new().and_then([
+                TxnOp::Get(GetRequest::key(leader.key.to_vec())),
+                TxnOp::Get(
+                    GetRequest::prefix(prefix.clone())
+                        .with_max_create_revision(leader.token.prev())
+                        .with_sort(SortTarget::Create, SortOrder::Descend)
+                        .with_limit(1),
+                ),
+            ])
         };
-        backoff.reset();
+        let snapshot = retry::call(&mut backoff, "read an election's queue", || {
+            store.txn(read())
+        })
+        .await?;
         crate::hooks::explore::point().await;
         let first_kv = |i: usize| {
             snapshot
@@ -358,24 +354,20 @@ async fn wait_for_seat<S: KvLeaseStore + ?Sized>(
     seats: usize,
 ) -> Result<()> {
     let shared = store.shared();
-    let mut backoff = retry::store_backoff(retry::seed(&[&leader.key]));
+    let mut backoff = retry::Backoff::store(retry::seed(&[&leader.key]));
     loop {
-        let (own, nearest, revision) = match seat(store, leader, seats).await {
-            Ok(Seat::Held) => return Ok(()),
-            Ok(Seat::Lost) => return Err(lost(leader)),
-            Ok(Seat::Waiting {
+        let seated = retry::call(&mut backoff, "read a semaphore's queue", || {
+            seat(store, leader, seats)
+        });
+        let (own, nearest, revision) = match seated.await? {
+            Seat::Held => return Ok(()),
+            Seat::Lost => return Err(lost(leader)),
+            Seat::Waiting {
                 own,
                 nearest,
                 revision,
-            }) => (own, nearest, revision),
-            Err(e) if matches!(e.class(), ErrorClass::Retryable) => {
-                tracing::debug!(election = %leader.name, error = &e as &dyn std::error::Error, "could not read the queue; retrying");
-                backoff.wait().await;
-                continue;
-            }
-            Err(e) => return Err(e),
+            } => (own, nearest, revision),
         };
-        backoff.reset();
         crate::hooks::explore::point().await;
         tracing::debug!(election = %leader.name, %revision, "waiting for one of the keys just ahead to go");
         let from = revision + 1;
@@ -564,20 +556,14 @@ pub fn observe(store: Arc<DynKvLeaseStore>, name: &str) -> Result<LeaderStream> 
     let prefix = prefix_of(name);
     let oldest = oldest_candidate(name);
     let stream = async_stream::try_stream! {
-        let mut backoff = retry::store_backoff(retry::seed(&[prefix.as_bytes()]));
+        let mut backoff = retry::Backoff::store(retry::seed(&[prefix.as_bytes()]));
         // (key, mod revision) of the last leader reported, so a re-read after a broken
         // watch does not report the same leader twice.
         let mut last: Option<(Bytes, Revision)> = None;
         loop {
-            let snapshot = match store.get(oldest.clone()).await {
-                Ok(s) => s,
-                Err(e) if e.is_retryable() => {
-                    backoff.wait().await;
-                    continue;
-                }
-                Err(e) => Err(e)?,
-            };
-            backoff.reset();
+            let snapshot =
+                retry::call(&mut backoff, "read an election's leader", || store.get(oldest.clone()))
+                    .await?;
             let from = snapshot.revision + 1;
             let Some(current) = first_created(snapshot.kvs) else {
                 // No candidate yet: wait for one to appear (or the watch to break), then

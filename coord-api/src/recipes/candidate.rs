@@ -33,10 +33,11 @@ use super::pool::ElectionPool;
 use super::task::Task;
 use crate::error::{Error, Result};
 use crate::leader_key::LeaderKey;
-use crate::request::{TxnRequest, TxnResponse};
 use crate::retry::{self, Backoff};
 use crate::sync::{watch, Stop};
 use crate::types::Revision;
+use crate::{TxnRequest, TxnResponse};
+use std::ops::ControlFlow;
 
 /// What a [`Candidate`] campaigns for, and how it paces itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -338,33 +339,38 @@ where
     let mut backoff = Backoff::new(config.initial_backoff, config.max_backoff, seed);
     let mut terms = 0;
     loop {
-        let won = tokio::select! {
-            biased;
-            _ = cancel.stopped() => return pool.leave(&config.name).await,
-            r = pool.campaign(&config.name, config.value.clone()) => r,
-        };
-        let leadership = match won {
-            Ok(l) => l,
-            Err(e @ Error::Cancelled { .. }) => {
-                tracing::info!(
-                    error = &e as &dyn std::error::Error,
-                    "the candidate's pool is stopped; candidate stops"
-                );
-                return Err(e);
-            }
-            Err(e) => {
-                let delay = backoff.next_delay();
-                tracing::debug!(
-                    error = &e as &dyn std::error::Error,
-                    backoff_ms = delay.as_millis() as u64,
-                    "campaign failed; campaigning again"
-                );
-                tokio::select! {
+        let campaigned = {
+            let (pool, config, cancel) = (&pool, &config, &cancel);
+            retry::until(&mut backoff, cancel.stopped(), move |attempt| async move {
+                let won = tokio::select! {
                     biased;
-                    _ = cancel.stopped() => return pool.leave(&config.name).await,
-                    _ = tokio::time::sleep(delay) => continue,
+                    _ = cancel.stopped() => return ControlFlow::Break(None),
+                    r = pool.campaign(&config.name, config.value.clone()) => r,
+                };
+                match won {
+                    Ok(l) => ControlFlow::Break(Some(Ok(l))),
+                    Err(e @ Error::Cancelled { .. }) => {
+                        tracing::info!(
+                            error = &e as &dyn std::error::Error,
+                            "the candidate's pool is stopped; candidate stops"
+                        );
+                        ControlFlow::Break(Some(Err(e)))
+                    }
+                    Err(e) => {
+                        tracing::debug!(
+                            error = &e as &dyn std::error::Error,
+                            attempt,
+                            "campaign failed; campaigning again"
+                        );
+                        ControlFlow::Continue(())
+                    }
                 }
-            }
+            })
+        };
+        let leadership = match campaigned.await {
+            Ok(Some(Ok(l))) => l,
+            Ok(Some(Err(e))) => return Err(e),
+            Ok(None) | Err(()) => return pool.leave(&config.name).await,
         };
         backoff.reset();
         terms += 1;

@@ -23,8 +23,8 @@ use super::loss::LossReason;
 use super::session::SessionHandle;
 use crate::error::{Error, Result};
 use crate::leader_key::LeaderKey;
-use crate::request::{Compare, TxnRequest, TxnResponse};
 use crate::types::{KeyValue, Revision};
+use crate::{Compare, TxnRequest, TxnResponse};
 
 /// A named lock, taken under one session's lease.
 ///

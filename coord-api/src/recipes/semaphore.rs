@@ -27,8 +27,8 @@ use super::loss::LossReason;
 use super::session::SessionHandle;
 use crate::error::{Error, Result};
 use crate::leader_key::LeaderKey;
-use crate::request::{Compare, GetRequest, SortOrder, SortTarget, TxnRequest, TxnResponse};
 use crate::types::{KeyValue, Revision};
+use crate::{Compare, GetRequest, SortOrder, SortTarget, TxnRequest, TxnResponse};
 
 /// A named semaphore of `permits` permits, taken under one session's lease (one permit per
 /// session and name).

@@ -14,7 +14,7 @@ use super::support::*;
 pub async fn a_host_session_shares_one_lease_and_heals_it(fx: &dyn Fixture) {
     let store = fx.store();
     let host = HostSession::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()));
-    let r = HostRegistration::start_on(&host, reg(fx, "hosts/a", "m"))
+    let r = HostRegistration::start_on(&host, reg_on("hosts/a", "m"))
         .await
         .unwrap();
     let pool = ElectionPool::on(&host);
@@ -115,12 +115,10 @@ pub async fn a_registration_with_revoke_on_drop_removes_its_key_when_dropped(fx:
     .await
     .unwrap();
     let host = HostSession::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()));
-    let shared = HostRegistration::start_on(
-        &host,
-        reg(fx, "hosts/shared", "m").with_revoke_on_drop(true),
-    )
-    .await
-    .unwrap();
+    let shared =
+        HostRegistration::start_on(&host, reg_on("hosts/shared", "m").with_revoke_on_drop(true))
+            .await
+            .unwrap();
     let lease = shared.lease_id();
     drop(own);
     drop(shared);
@@ -141,7 +139,7 @@ pub async fn a_registration_with_revoke_on_drop_removes_its_key_when_dropped(fx:
 pub async fn a_registration_started_over_its_own_key_writes_its_metadata(fx: &dyn Fixture) {
     let store = fx.store();
     let host = HostSession::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()));
-    let first = HostRegistration::start_on(&host, reg(fx, "hosts/a", "v1"))
+    let first = HostRegistration::start_on(&host, reg_on("hosts/a", "v1"))
         .await
         .unwrap();
     let lease = first.lease_id();
@@ -152,7 +150,7 @@ pub async fn a_registration_started_over_its_own_key_writes_its_metadata(fx: &dy
         .unwrap()
         .expect("left standing");
     assert_eq!((left.value.as_ref(), left.lease), ("v1".as_bytes(), lease));
-    let again = HostRegistration::start_on(&host, reg(fx, "hosts/a", "v2"))
+    let again = HostRegistration::start_on(&host, reg_on("hosts/a", "v2"))
         .await
         .unwrap();
     assert_eq!(again.lease_id(), lease, "the host's lease");
@@ -192,7 +190,7 @@ pub async fn a_failed_stops_retried_removal_spares_the_next_registration(fx: &dy
             .unwrap();
         }
     };
-    let first = HostRegistration::spawn_on(&host, reg(fx, "hosts/a", "first")).unwrap();
+    let first = HostRegistration::spawn_on(&host, reg_on("hosts/a", "first")).unwrap();
     registered(&first).await;
     client.cut_off(true);
     assert!(
@@ -203,7 +201,7 @@ pub async fn a_failed_stops_retried_removal_spares_the_next_registration(fx: &dy
     // timeout later, after the next registration has written the key.
     tokio::time::sleep(prompt(fx) / 10).await;
     client.cut_off(false);
-    let second = HostRegistration::spawn_on(&host, reg(fx, "hosts/a", "second")).unwrap();
+    let second = HostRegistration::spawn_on(&host, reg_on("hosts/a", "second")).unwrap();
     registered(&second).await;
     let written = store.get_key("hosts/a").await.unwrap().expect("registered");
     // The old removal's lost attempt fails at its request timeout, and the next goes out
@@ -219,5 +217,34 @@ pub async fn a_failed_stops_retried_removal_spares_the_next_registration(fx: &dy
         "the key of the registration started since changed: {quiet:?}"
     );
     second.stop().await.unwrap();
+    host.stop().await.unwrap();
+}
+
+pub async fn a_registration_on_a_host_session_refuses_a_ttl_of_its_own(fx: &dyn Fixture) {
+    let store = fx.store();
+    let host = HostSession::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()));
+    // The host's lease is shared: a TTL of the registration's own would be ignored, so it
+    // is refused, by both constructors, before anything is written.
+    let own_ttl = || reg_on("hosts/a", "m").with_ttl(fx.ttl() * 2);
+    for refused in [
+        HostRegistration::start_on(&host, own_ttl()).await.err(),
+        HostRegistration::spawn_on(&host, own_ttl()).err(),
+    ] {
+        match refused {
+            Some(Error::InvalidArgument { reason }) => assert!(
+                reason.contains("HostSession") && reason.contains("hosts/a"),
+                "the refusal says what to do: {reason}"
+            ),
+            other => panic!("a TTL on a host session's registration must be refused: {other:?}"),
+        }
+    }
+    assert!(!present(&store, "hosts/a").await, "nothing written");
+    // Without one, the host's TTL applies.
+    let r = HostRegistration::start_on(&host, reg_on("hosts/a", "m"))
+        .await
+        .unwrap();
+    let ttl = store.time_to_live(r.lease_id()).await.unwrap();
+    assert_eq!(ttl.granted_ttl, fx.ttl(), "the host session's TTL");
+    r.stop().await.unwrap();
     host.stop().await.unwrap();
 }

@@ -227,7 +227,7 @@ pub async fn a_registration_stop_outlasts_a_held_update(fx: &dyn Fixture) {
         SessionConfig::default().with_ttl(fx.ttl()),
     );
     let r = std::sync::Arc::new(
-        HostRegistration::start_on(&host, reg(fx, "hosts/h", "v1"))
+        HostRegistration::start_on(&host, reg_on("hosts/h", "v1"))
             .await
             .unwrap(),
     );

@@ -15,7 +15,12 @@ pub(super) fn prompt(fx: &dyn Fixture) -> Duration {
 }
 
 pub(super) fn reg(fx: &dyn Fixture, key: &str, md: &str) -> RegistrationConfig {
-    RegistrationConfig::new(key, md.to_owned()).with_ttl(fx.ttl())
+    reg_on(key, md).with_ttl(fx.ttl())
+}
+
+/// A registration on a host session: the session's TTL applies.
+pub(super) fn reg_on(key: &str, md: &str) -> RegistrationConfig {
+    RegistrationConfig::new(key, md.to_owned())
 }
 
 pub(super) async fn present(store: &Arc<DynKvLeaseStore>, key: &str) -> bool {

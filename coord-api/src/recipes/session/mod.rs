@@ -22,7 +22,10 @@
 //!   at least TTL − KA left on its deadline.
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::future::pending;
 use std::future::poll_fn;
+use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -46,127 +49,16 @@ use crate::store::{DynKvLeaseStore, KeepAlive};
 use crate::sync::watch;
 use crate::types::LeaseId;
 
-/// How a [`Session`] keeps its lease.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SessionConfig {
-    /// The lease's TTL (default 10 s).
-    pub ttl: Duration,
-    /// How often to renew; `None` is a third of the granted TTL, which rides through one lost
-    /// renewal reply.
-    pub renew_interval: Option<Duration>,
-    /// Revoke the lease, in the background, once the local deadline passes (default on): the
-    /// store may still hold it (a reply lost, an etcd restart refreshed it), and keys under it,
-    /// such as a queued election candidate, would block others until it expires. Turn it off
-    /// when the owner replaces the keys itself first (a registration re-puts its key, then
-    /// revokes the old lease, so watchers see no flap).
-    pub revoke_on_expiry: bool,
-    /// Revoke the lease, in the background, when the [`Session`] is dropped without
-    /// [`stop`](Session::stop) (default off: a dropped session's lease expires after its TTL,
-    /// which is what a crash looks like).
-    pub revoke_on_drop: bool,
-}
+mod campaigns;
+mod config;
+mod release;
+mod renewer;
 
-impl Default for SessionConfig {
-    fn default() -> Self {
-        SessionConfig {
-            ttl: Duration::from_secs(10),
-            renew_interval: None,
-            revoke_on_expiry: true,
-            revoke_on_drop: false,
-        }
-    }
-}
-
-impl SessionConfig {
-    /// Use this TTL.
-    pub fn with_ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// Renew this often instead of every TTL/3.
-    pub fn with_renew_interval(mut self, every: Duration) -> Self {
-        self.renew_interval = Some(every);
-        self
-    }
-
-    /// Whether to revoke the lease once the local deadline passes (see
-    /// [`revoke_on_expiry`](Self::revoke_on_expiry)).
-    pub fn with_revoke_on_expiry(mut self, on: bool) -> Self {
-        self.revoke_on_expiry = on;
-        self
-    }
-
-    /// Whether dropping the session revokes its lease (see
-    /// [`revoke_on_drop`](Self::revoke_on_drop)).
-    pub fn with_revoke_on_drop(mut self, on: bool) -> Self {
-        self.revoke_on_drop = on;
-        self
-    }
-}
-
-/// Why a session ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum SessionEnd {
-    /// The store said the lease is gone (revoked, or expired on the server).
-    LeaseLost,
-    /// The local deadline passed without an acknowledged renewal.
-    Expired,
-    /// [`Session::stop`] revoked it (or it was dropped with
-    /// [`revoke_on_drop`](SessionConfig::revoke_on_drop)).
-    Closed,
-    /// It stopped renewing without revoking ([`Session::orphan`], or dropped): the lease
-    /// expires after its TTL.
-    Orphaned,
-}
-
-impl SessionEnd {
-    /// The `reason` label of [`SESSIONS_ENDED`](crate::metrics::SESSIONS_ENDED).
-    pub fn label(self) -> &'static str {
-        match self {
-            SessionEnd::LeaseLost => "lease_lost",
-            SessionEnd::Expired => "expired",
-            SessionEnd::Closed => "closed",
-            SessionEnd::Orphaned => "orphaned",
-        }
-    }
-}
-
-impl std::fmt::Display for SessionEnd {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            SessionEnd::LeaseLost => "the store reports the lease gone",
-            SessionEnd::Expired => "the local deadline passed without a renewal",
-            SessionEnd::Closed => "closed",
-            SessionEnd::Orphaned => "orphaned (no longer renewed)",
-        })
-    }
-}
-
-/// Whether a session's renewals are working, for a readiness probe.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SessionHealth {
-    /// The lease.
-    pub lease: LeaseId,
-    /// The local deadline: send time of the last acknowledged renewal + TTL.
-    pub deadline: Instant,
-    /// How long until the deadline (zero once it passed).
-    pub remaining: Duration,
-    /// When the last renewal was acknowledged (`None` before the first).
-    pub last_renewal: Option<Instant>,
-    /// Why it ended, once it has.
-    pub ended: Option<SessionEnd>,
-}
-
-impl SessionHealth {
-    /// Live, with at least half the TTL left: renewals are working.
-    pub fn is_healthy(&self, ttl: Duration) -> bool {
-        self.ended.is_none() && self.remaining >= ttl / 2
-    }
-}
+pub(crate) use campaigns::CampaignTurn;
+use campaigns::{CampaignSlot, LossSignal};
+pub use config::{SessionConfig, SessionEnd, SessionHealth};
+pub(crate) use release::{release_lease, release_lease_then};
+use renewer::{ignores_deadline, Attempt, Renewer};
 
 #[derive(Debug, Clone, Copy)]
 struct State {
@@ -195,87 +87,6 @@ struct Inner {
     renewer: AtomicWaker,
     /// Per election: its campaigns on this lease, one at a time (see [`CampaignSlot`]).
     campaigns: Mutex<BTreeMap<String, Arc<CampaignSlot>>>,
-}
-
-/// A leadership's loss signal: unset while it stands.
-type LossSignal = watch::Sender<Option<LossReason>>;
-
-/// One election's campaigns on one lease. They all write the same key (`name/<lease>`), so
-/// they take turns, and the withdrawal of a campaign that did not finish is retried only
-/// until a newer campaign takes the key over: a withdrawal that landed after that would
-/// delete the newer campaign's key (its leadership, even).
-///
-/// Each campaign is numbered as its turn comes: a withdrawal or a resign on behalf of
-/// campaign `n` deletes only while no later campaign has taken a turn (a campaign again on
-/// the same session rejoins the key, create revision and all, so no compare in the store can
-/// tell the two apart), and while no earlier leadership of the session on the key still
-/// stands: the key is that one's too, and is left to it (see [`CampaignSlot::may_delete`]).
-/// A campaign given up before its turn came took nothing over.
-#[derive(Debug)]
-struct CampaignSlot {
-    /// The key's turn, and the pending withdrawal, which the next campaign calls off.
-    key: KeyTurn,
-    /// The number of the campaign the key is on behalf of: the latest to have taken its
-    /// turn, or an earlier leadership the key was left to.
-    latest: watch::Sender<u64>,
-    /// The last number handed out: numbers are never reused, though `latest` can go back.
-    numbered: AtomicU64,
-    /// The leaderships won on the key, by campaign number, each with its loss signal: one
-    /// whose signal is unset (and not dropped) still stands.
-    standing: Mutex<Vec<(u64, Weak<LossSignal>)>>,
-}
-
-impl Default for CampaignSlot {
-    fn default() -> Self {
-        CampaignSlot {
-            key: KeyTurn::default(),
-            latest: watch::Sender::new(0),
-            numbered: AtomicU64::new(0),
-            standing: Mutex::default(),
-        }
-    }
-}
-
-/// A campaign's turn in one election on one lease (see [`SessionHandle::campaign_turn`]).
-pub(crate) struct CampaignTurn {
-    pub(crate) turn: tokio::sync::OwnedMutexGuard<()>,
-    /// The campaign's number in the slot: what its withdrawal or resign is held to.
-    pub(crate) campaign: u64,
-}
-
-impl CampaignSlot {
-    /// Whether `campaign` is still the latest to have taken a turn: its key is not a newer
-    /// campaign's.
-    fn is_latest(&self, campaign: u64) -> bool {
-        self.latest.get() == campaign
-    }
-
-    /// Whether the key may be deleted on behalf of `campaign` (its resign, or the withdrawal
-    /// of a campaign that did not finish): only while it is the latest campaign, and no
-    /// earlier leadership of the session on the key still stands. When one stands (a newer
-    /// campaign rejoined its key, then gave up or resigned), the key is left to it, and it is
-    /// the latest again: its own resign deletes the key. The one place that rule lives: every
-    /// delete of the key on a campaign's behalf asks here, last in the session's turn just
-    /// before the delete (a withdrawal also asks when it is handed over, to spare a task).
-    fn may_delete(&self, campaign: u64) -> bool {
-        if !self.is_latest(campaign) {
-            return false;
-        }
-        let mut standing = self.standing.lock().unwrap_or_else(|p| p.into_inner());
-        standing.retain(|(_, lost)| lost.upgrade().is_some_and(|l| l.get().is_none()));
-        let earlier = standing
-            .iter()
-            .map(|(n, _)| *n)
-            .filter(|n| *n < campaign)
-            .max();
-        match earlier {
-            Some(n) => {
-                self.latest.send_replace(n);
-                false
-            }
-            None => true,
-        }
-    }
 }
 
 impl Inner {
@@ -495,26 +306,27 @@ impl SessionHandle {
                 return;
             };
             rt.spawn(async move {
-                let mut backoff = retry::store_backoff(retry::seed(&[&leader.key]));
-                loop {
+                let mut backoff = retry::Backoff::store(retry::seed(&[&leader.key]));
+                let _ = retry::until(&mut backoff, called_off.stopped(), |_| async {
                     let turn = tokio::select! {
                         biased;
-                        _ = called_off.stopped() => return,
+                        _ = called_off.stopped() => return ControlFlow::Break(()),
                         turn = slot.key.turn.clone().lock_owned() => turn,
                     };
                     if called_off.is_stopped() || !slot.may_delete(campaign) {
-                        return;
+                        return ControlFlow::Break(());
                     }
                     let result = withdraw(&*store, &leader).await;
                     drop(turn);
                     match result {
-                        Ok(()) | Err(Error::LeaseNotFound { .. }) => return,
+                        Ok(()) | Err(Error::LeaseNotFound { .. }) => ControlFlow::Break(()),
                         Err(e) if matches!(e.class(), ErrorClass::Retryable | ErrorClass::Indeterminate) => {
                             tracing::debug!(
                                 election = %leader.name,
                                 error = &e as &dyn std::error::Error,
                                 "could not delete the key of an unfinished campaign yet; retrying"
                             );
+                            ControlFlow::Continue(())
                         }
                         Err(e) => {
                             tracing::warn!(
@@ -522,15 +334,11 @@ impl SessionHandle {
                                 error = &e as &dyn std::error::Error,
                                 "could not delete the key of an unfinished campaign; it stays until its lease ends"
                             );
-                            return;
+                            ControlFlow::Break(())
                         }
                     }
-                    tokio::select! {
-                        biased;
-                        _ = called_off.stopped() => return,
-                        _ = backoff.wait() => {}
-                    }
-                }
+                })
+                .await;
             }.in_current_span());
         }))
     }
@@ -784,339 +592,6 @@ impl Drop for Session {
         } else {
             tracing::info!(lease_id = %inner.lease, "session dropped; its lease is left to expire");
             inner.end(SessionEnd::Orphaned);
-        }
-    }
-}
-
-/// Revokes `lease` in the background until the store says it is gone. A lease we no longer
-/// renew may still live at the store (renewals arrived without their replies, an etcd restart
-/// refreshed it), and keys under it, such as a queued candidate, block others until it
-/// expires; after a long outage a restarted etcd refreshes it again, so the revoke must keep
-/// trying, not give up after a while.
-pub(crate) fn release_lease(store: Arc<DynKvLeaseStore>, lease: LeaseId) {
-    release_lease_then(store, lease, || {});
-}
-
-/// [`release_lease`], calling `gone` once the store says the lease is gone.
-pub(crate) fn release_lease_then(
-    store: Arc<DynKvLeaseStore>,
-    lease: LeaseId,
-    gone: impl FnOnce() + Send + 'static,
-) {
-    let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        tracing::warn!(lease_id = %lease, "no runtime to revoke an abandoned lease; it will expire");
-        return;
-    };
-    rt.spawn(
-        async move {
-            let mut backoff = retry::store_backoff(retry::seed(&[&lease.0.to_le_bytes()]));
-            let mut attempts = 0u32;
-            loop {
-                attempts += 1;
-                match store.revoke(lease).await {
-                    Ok(_) => {
-                        tracing::info!(lease_id = %lease, attempts, "revoked an abandoned lease");
-                        gone();
-                        return;
-                    }
-                    Err(Error::LeaseNotFound { .. }) => {
-                        gone();
-                        return;
-                    }
-                    Err(e) => {
-                        tracing::debug!(
-                            lease_id = %lease,
-                            attempts,
-                            error = &e as &dyn std::error::Error,
-                            "could not revoke an abandoned lease yet; retrying"
-                        );
-                        backoff.wait().await;
-                    }
-                }
-            }
-        }
-        .in_current_span(),
-    );
-}
-
-/// The planted bug that trusts renewal replies alone (see [`crate::hooks::planted`]).
-fn ignores_deadline() -> bool {
-    crate::hooks::planted::enabled(crate::hooks::planted::Bug::StepDownOnRenewalReply)
-}
-
-/// What one renewal came to.
-enum Attempt {
-    /// Acknowledged; it was sent at `sent`.
-    Renewed { sent: Instant },
-    /// Not acknowledged (no answer in time, a dead channel, an unreachable store); the lease
-    /// may still live. `unanswered` when it was abandoned for want of an answer: the channel
-    /// it went on is left, and the re-send goes at once, elsewhere.
-    Failed { error: Error, unanswered: bool },
-    /// The session ended (its lease gone, its deadline passed) or was cancelled.
-    Ended(Option<Error>),
-}
-
-/// The renewal loop's state: the channel, the period, the backoff after failures.
-struct Renewer {
-    inner: Arc<Inner>,
-    /// The session's deadline, which only the renewer moves: its own copy spares it a read
-    /// of the session's state (a lock in an allocation of its own) at every wake-up.
-    deadline: Instant,
-    channel: Option<Box<dyn KeepAlive>>,
-    every: Duration,
-    /// Out of line, and reset only after failures: a renewal that goes well need not touch
-    /// it (a thousand sessions' renewers are each a cold line of memory per field spread).
-    backoff: Box<Backoff>,
-    /// Whether the backoff moved since the last renewal answered.
-    backing_off: bool,
-    metrics: crate::metrics::record::Renewals,
-}
-
-impl Renewer {
-    fn new(inner: Arc<Inner>, every: Duration) -> Self {
-        let seed = retry::seed(&[&inner.lease.0.to_le_bytes()]);
-        Renewer {
-            deadline: inner.state().deadline,
-            inner,
-            channel: None,
-            every,
-            // After a failed renewal, try again sooner than the regular cadence.
-            backoff: Box::new(Backoff::new(
-                (every / 4).max(Duration::from_millis(50)),
-                every,
-                seed,
-            )),
-            backing_off: false,
-            metrics: crate::metrics::record::Renewals::register(),
-        }
-    }
-
-    /// How long a renewal (or the opening of its channel) may wait for its answer: half a
-    /// renewal period. A live store answers in milliseconds; one that takes longer is sick, and
-    /// the renewal goes again elsewhere with time to spare (see the module docs).
-    fn answer_within(&self) -> Duration {
-        self.every / 2
-    }
-
-    fn expired(&self, when: &str) -> Attempt {
-        tracing::warn!("session expired: no renewal acknowledged before the deadline ({when})");
-        self.inner.end(SessionEnd::Expired);
-        Attempt::Ended(None)
-    }
-
-    /// Sends one renewal and waits for its answer, at most half a renewal period (or until
-    /// the deadline, if sooner and `bounded`): a later answer comes from a sick member, and
-    /// the renewal goes again at once, on a fresh channel.
-    ///
-    /// `timer` is the caller's, kept for the renewer's life: a thousand sessions renew a
-    /// thousand times a TTL, and a fresh timer (and cancellation waiter) registered and torn
-    /// down for each renewal were 4% of a thousand-host simulation's work. It is left set to
-    /// when the answer was due, which is when the next renewal is (see `run`). Cancellation is
-    /// the caller's: it drops this future where it waits.
-    ///
-    /// `now`, when given, is the clock read just before: the send's instant if nothing
-    /// waits between (a channel to open does), saving a reading of the clock per renewal.
-    async fn renew(
-        &mut self,
-        mut timer: Pin<&mut Sleep>,
-        bounded: bool,
-        mut now: Option<Instant>,
-    ) -> Attempt {
-        let deadline = self.deadline;
-        let deadline_counts = bounded && !ignores_deadline();
-        if self.channel.is_none() {
-            // Opening sends a renewal (etcd's stream opens with one), and gets a renewal's
-            // time: one opened on a connection that died without a reset would otherwise hold
-            // the session to its deadline, or to the backend's request timeout.
-            let opening = now.take().unwrap_or_else(clock::now);
-            let open_by = if deadline_counts {
-                (opening + self.answer_within()).min(deadline)
-            } else {
-                opening + self.answer_within()
-            };
-            timer.as_mut().reset(open_by);
-            let opened = tokio::select! {
-                biased;
-                _ = timer.as_mut() => {
-                    if deadline_counts && Instant::now() >= deadline {
-                        return self.expired("opening a channel");
-                    }
-                    tracing::debug!(waited_ms = (open_by - opening).as_millis() as u64, "keep-alive channel not opened in time; abandoned");
-                    return Attempt::Failed {
-                        error: Error::Unavailable {
-                            backend: self.inner.store.backend(),
-                            operation: "keep-alive",
-                            source: format!("no channel opened within {:?}", open_by - opening).into(),
-                        },
-                        unanswered: true,
-                    };
-                }
-                c = self.inner.store.keep_alive(self.inner.lease) => c,
-            };
-            match opened {
-                Ok(c) => self.channel = Some(c),
-                Err(e @ Error::LeaseNotFound { .. }) => {
-                    tracing::warn!("session lost: the store reports the lease gone");
-                    self.inner.end(SessionEnd::LeaseLost);
-                    return Attempt::Ended(Some(e));
-                }
-                Err(e) => {
-                    tracing::debug!(
-                        error = &e as &dyn std::error::Error,
-                        "could not open a keep-alive channel"
-                    );
-                    return Attempt::Failed {
-                        error: e,
-                        unanswered: false,
-                    };
-                }
-            }
-        }
-        // Measured before sending: the server cannot expire the lease earlier than TTL after
-        // this instant.
-        let sent = now.unwrap_or_else(clock::now);
-        let answer_by = if deadline_counts {
-            (sent + self.answer_within()).min(deadline)
-        } else {
-            sent + self.answer_within()
-        };
-        let ch = self.channel.as_mut().expect("opened above");
-        // One timer: `answer_by` is the deadline when that comes first.
-        timer.as_mut().reset(answer_by);
-        let result = tokio::select! {
-            biased;
-            _ = timer.as_mut() => {
-                if deadline_counts && Instant::now() >= deadline {
-                    return self.expired("a renewal was outstanding");
-                }
-                // A late answer on this channel could be mistaken for the next renewal's:
-                // drop it, and renew on a fresh one.
-                self.channel = None;
-                tracing::debug!(waited_ms = (answer_by - sent).as_millis() as u64, "renewal not answered in time; abandoned");
-                return Attempt::Failed {
-                    error: Error::Unavailable {
-                        backend: self.inner.store.backend(),
-                        operation: "keep-alive",
-                        source: format!("no answer within {:?}", answer_by - sent).into(),
-                    },
-                    unanswered: true,
-                };
-            }
-            r = ch.renew() => r,
-        };
-        match result {
-            Ok(ttl) => {
-                // The renewal is acknowledged and not yet published: let other tasks run here
-                // when a simulation explores schedules.
-                crate::hooks::explore::point().await;
-                let now = clock::now();
-                let from = if crate::hooks::planted::enabled(
-                    crate::hooks::planted::Bug::SessionDeadlineFromReply,
-                ) {
-                    now
-                } else {
-                    sent
-                };
-                // Unannounced to the state's receivers (see `Inner::state`).
-                self.deadline = self.deadline.max(from + ttl);
-                let deadline = self.deadline;
-                self.inner.state.send_if_modified(|s| {
-                    s.deadline = deadline;
-                    s.last_renewal = Some(now);
-                    false
-                });
-                self.inner.renewed.notify_waiters();
-                tracing::trace!(ttl_ms = ttl.as_millis() as u64, "renewed");
-                self.metrics.renewed(now - sent);
-                Attempt::Renewed { sent }
-            }
-            Err(e @ Error::LeaseNotFound { .. }) => {
-                tracing::warn!("session lost: the store reports the lease gone");
-                self.inner.end(SessionEnd::LeaseLost);
-                Attempt::Ended(Some(e))
-            }
-            Err(e @ Error::StreamClosed { .. })
-                if crate::hooks::planted::enabled(
-                    crate::hooks::planted::Bug::RegrantOnClosedStream,
-                ) =>
-            {
-                self.inner.end(SessionEnd::LeaseLost);
-                Attempt::Ended(Some(e))
-            }
-            Err(e) => {
-                // The channel died (or the store is unreachable): the lease may still live,
-                // so re-open on the same lease and keep trying until the deadline.
-                tracing::debug!(
-                    error = &e as &dyn std::error::Error,
-                    "renewal failed; re-opening the channel"
-                );
-                self.channel = None;
-                Attempt::Failed {
-                    error: e,
-                    unanswered: false,
-                }
-            }
-        }
-    }
-
-    /// Renews from `next` on, every period after the last send, until the lease is gone or
-    /// the deadline passes. Stopped by being dropped where it waits
-    /// ([`Task::spawn_abortable`]): a cancelled renewer has nothing else to do.
-    async fn run(mut self, mut next: Instant) {
-        // An ask to renew now made while a renewal is outstanding stays set, and is answered
-        // by the next one.
-        let timer = sleep_until(next);
-        tokio::pin!(timer);
-        loop {
-            let deadline = (!ignores_deadline()).then_some(self.deadline);
-            // One timer, at the renewal or the deadline, whichever comes first. After a
-            // renewal answered in time it is already set there, and left alone: a reset to
-            // the same instant still works out the wheel's tick for it.
-            let wake = deadline.map_or(next, |d| d.min(next));
-            if timer.deadline() != wake {
-                timer.as_mut().reset(wake);
-            }
-            tokio::select! {
-                biased;
-                () = poll_fn(|cx| self.inner.poll_asked(cx)) => {}
-                _ = timer.as_mut() => {}
-            }
-            let now = clock::now();
-            if deadline.is_some_and(|d| now >= d) {
-                self.expired("waiting to renew");
-                return;
-            }
-            match self.renew(timer.as_mut(), true, Some(now)).await {
-                Attempt::Renewed { sent } => {
-                    if std::mem::take(&mut self.backing_off) {
-                        self.backoff.reset();
-                    }
-                    next = sent + self.every;
-                }
-                Attempt::Failed { unanswered, .. } => {
-                    self.metrics.failed();
-                    // The first renewal left unanswered goes again at once, on a fresh channel
-                    // (another member, for a backend that has several): waiting would spend
-                    // the margin the deadline keeps for it. After that, back off.
-                    next = if unanswered && !self.backing_off {
-                        Instant::now()
-                    } else {
-                        Instant::now() + self.backoff.next_delay()
-                    };
-                    self.backing_off = true;
-                }
-                Attempt::Ended(_) => return,
-            }
-        }
-    }
-}
-
-impl From<SessionEnd> for LossReason {
-    fn from(end: SessionEnd) -> Self {
-        match end {
-            SessionEnd::Expired => LossReason::DeadlinePassed,
-            SessionEnd::LeaseLost => LossReason::LeaseLost,
-            _ => LossReason::SessionClosed,
         }
     }
 }
