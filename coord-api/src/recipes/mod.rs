@@ -13,6 +13,9 @@
 //! | `discover` (feature `tower`) | a `ClusterWatcher` as a `tower::discover::Discover` stream, for tonic's balancing |
 //! | `TypedWatcher` (feature `serde`) | a `ClusterWatcher` with each host's metadata decoded from JSON; see `typed` |
 //!
+//! Every handle ends one way: [`Handle::stop`] ends it now and gives back what is left, and
+//! dropping it follows one rule per kind of handle; the table is on [`Handle`].
+//!
 //! Every recipe logs its lifecycle with `tracing` (registered, healed, lost, leader acquired
 //! and lost, watcher resynced) and never installs a subscriber.
 //!
@@ -23,6 +26,7 @@ mod candidate;
 #[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod discover;
 mod election;
+mod handle;
 mod hold;
 mod host;
 mod loss;
@@ -42,6 +46,8 @@ pub use candidate::{Candidate, CandidateConfig, CandidateStatus, Term};
 #[cfg(feature = "tower")]
 pub use discover::discover;
 pub use election::{Election, Fence, Leadership};
+pub use handle::Handle;
+pub use hold::HeldKey;
 pub use host::{HostSession, HostSessionStats};
 pub use loss::LossReason;
 pub use mutex::{Mutex, MutexGuard};

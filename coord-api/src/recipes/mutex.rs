@@ -16,15 +16,12 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::time::Instant;
 
-use super::election::{Election, Fence, Leadership};
-use super::loss::LossReason;
+use super::election::{Election, Leadership};
+use super::hold::HeldKey;
 use super::session::SessionHandle;
 use crate::error::{Error, Result};
-use crate::leader_key::LeaderKey;
-use crate::types::{KeyValue, Revision};
-use crate::{Compare, TxnRequest, TxnResponse};
+use crate::types::KeyValue;
 
 /// A named lock, taken under one session's lease.
 ///
@@ -133,45 +130,32 @@ impl Mutex {
 /// lock also ends with the session.
 #[must_use = "dropping the guard unlocks at once"]
 #[derive(Debug)]
-pub struct MutexGuard {
-    held: Option<Leadership>,
-}
+pub struct MutexGuard(HeldKey);
 
 impl MutexGuard {
     fn new(held: Leadership) -> Self {
-        MutexGuard { held: Some(held) }
+        MutexGuard(HeldKey::new(held, "lock"))
     }
-
-    super::hold::held_key_methods!("lock");
 
     /// Releases the lock: deletes its key if it is still this one, and this guard's (not
     /// taken over by a newer `lock` on the same session). Idempotent.
     ///
     /// # Errors
     /// Whatever the delete fails with; the lock then ends with the session's lease.
-    pub async fn unlock(mut self) -> Result<()> {
-        let held = self
-            .held
-            .take()
-            .expect("a guard holds its lock until it is consumed");
-        let (name, token) = (held.key().name.clone(), held.token());
+    pub async fn unlock(self) -> Result<()> {
         if crate::hooks::planted::enabled(crate::hooks::planted::Bug::UnlockReturnsBeforeDelete) {
-            held.withdraw_in_background();
+            self.0.release_in_background();
             return Ok(());
         }
-        held.resign().await?;
-        tracing::info!(lock = %name, %token, "lock released");
-        Ok(())
+        self.0.release().await
     }
 }
 
-impl Drop for MutexGuard {
-    fn drop(&mut self) {
-        if let Some(held) = self.held.take() {
-            tracing::info!(lock = %held.key().name, token = %held.token(), "lock released on drop");
-            // In the session's turn: a lock() on the same session right after this drop
-            // takes the key over instead of racing its delete.
-            held.withdraw_in_background();
-        }
+/// The held key's token, loss signal and fenced transactions.
+impl std::ops::Deref for MutexGuard {
+    type Target = HeldKey;
+
+    fn deref(&self) -> &HeldKey {
+        &self.0
     }
 }

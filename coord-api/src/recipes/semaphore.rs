@@ -20,15 +20,13 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::time::Instant;
 
-use super::election::{Election, Fence, Leadership};
-use super::loss::LossReason;
+use super::election::{Election, Leadership};
+use super::hold::HeldKey;
 use super::session::SessionHandle;
 use crate::error::{Error, Result};
-use crate::leader_key::LeaderKey;
-use crate::types::{KeyValue, Revision};
-use crate::{Compare, GetRequest, SortOrder, SortTarget, TxnRequest, TxnResponse};
+use crate::types::KeyValue;
+use crate::{GetRequest, SortOrder, SortTarget};
 
 /// A named semaphore of `permits` permits, taken under one session's lease (one permit per
 /// session and name).
@@ -166,36 +164,28 @@ impl Semaphore {
 /// the permit also ends with the session.
 #[must_use = "dropping a permit releases it at once"]
 #[derive(Debug)]
-pub struct Permit {
-    held: Option<Leadership>,
-}
+pub struct Permit(HeldKey);
 
 impl Permit {
     fn new(held: Leadership) -> Self {
-        Permit { held: Some(held) }
+        Permit(HeldKey::new(held, "permit"))
     }
-
-    super::hold::held_key_methods!("permit");
 
     /// Releases the permit: deletes its key if it is still this one, and this permit's (not
     /// taken over by a newer `acquire` on the same session). Idempotent.
     ///
     /// # Errors
     /// Whatever the delete fails with; the permit then ends with the session's lease.
-    pub async fn release(mut self) -> Result<()> {
-        let held = self.held.take().expect("held until the handle is consumed");
-        let (name, token) = (held.key().name.clone(), held.token());
-        held.resign().await?;
-        tracing::info!(semaphore = %name, %token, "permit released");
-        Ok(())
+    pub async fn release(self) -> Result<()> {
+        self.0.release().await
     }
 }
 
-impl Drop for Permit {
-    fn drop(&mut self) {
-        if let Some(held) = self.held.take() {
-            tracing::info!(semaphore = %held.key().name, token = %held.token(), "permit released on drop");
-            held.withdraw_in_background();
-        }
+/// The held key's token, loss signal and fenced transactions.
+impl std::ops::Deref for Permit {
+    type Target = HeldKey;
+
+    fn deref(&self) -> &HeldKey {
+        &self.0
     }
 }

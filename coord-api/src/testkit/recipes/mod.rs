@@ -17,6 +17,7 @@
 pub mod candidate;
 pub mod election;
 pub mod fixture;
+pub mod handles;
 pub mod host;
 pub mod in_flight;
 pub mod mutex;
@@ -88,6 +89,7 @@ macro_rules! recipe_tests {
             host::a_registration_started_over_its_own_key_writes_its_metadata,
             host::a_failed_stops_retried_removal_spares_the_next_registration,
             host::a_registration_on_a_host_session_refuses_a_ttl_of_its_own,
+            handles::every_handle_dropped_leaves_what_the_table_says,
             candidate::a_candidate_hands_over_only_once_its_work_stopped,
             candidate::a_cut_off_candidate_stops_its_work_before_anyone_else_leads,
             candidate::a_candidate_stopped_while_cut_off_reports_its_key_left,
