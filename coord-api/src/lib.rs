@@ -71,6 +71,7 @@ mod error;
 mod forward;
 #[doc(hidden)]
 pub mod hooks;
+mod into_bytes;
 mod leader_key;
 pub mod metrics;
 mod namespace;
@@ -91,6 +92,7 @@ pub mod testkit;
 pub use elections::candidate_key;
 pub use error::{BoxError, Error, ErrorClass, Result};
 pub use forward::Forward;
+pub use into_bytes::IntoBytes;
 pub use leader_key::LeaderKey;
 pub use namespace::Namespaced;
 pub use request::{

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::into_bytes::IntoBytes;
 use crate::types::{Event, KeyRange, KeyValue, LeaseId, Revision};
 
 /// Read one key or a prefix, at the latest or a past revision.
@@ -83,13 +84,13 @@ pub enum SortOrder {
 
 impl GetRequest {
     /// Read one key.
-    pub fn key(key: impl Into<Vec<u8>>) -> Self {
-        Self::range(KeyRange::Key(Bytes::from(key.into())))
+    pub fn key(key: impl IntoBytes) -> Self {
+        Self::range(KeyRange::Key(key.into_bytes()))
     }
 
     /// Read every key with this prefix.
-    pub fn prefix(prefix: impl Into<Vec<u8>>) -> Self {
-        Self::range(KeyRange::Prefix(Bytes::from(prefix.into())))
+    pub fn prefix(prefix: impl IntoBytes) -> Self {
+        Self::range(KeyRange::Prefix(prefix.into_bytes()))
     }
 
     /// Read a [`KeyRange`].
@@ -208,10 +209,10 @@ pub struct PutRequest {
 
 impl PutRequest {
     /// Write `value` at `key`.
-    pub fn new(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
+    pub fn new(key: impl IntoBytes, value: impl IntoBytes) -> Self {
         PutRequest {
-            key: Bytes::from(key.into()),
-            value: Bytes::from(value.into()),
+            key: key.into_bytes(),
+            value: value.into_bytes(),
             lease: None,
             prev_kv: false,
         }
@@ -259,13 +260,13 @@ pub struct DeleteRequest {
 
 impl DeleteRequest {
     /// Delete one key.
-    pub fn key(key: impl Into<Vec<u8>>) -> Self {
-        Self::range(KeyRange::Key(Bytes::from(key.into())))
+    pub fn key(key: impl IntoBytes) -> Self {
+        Self::range(KeyRange::Key(key.into_bytes()))
     }
 
     /// Delete every key with this prefix.
-    pub fn prefix(prefix: impl Into<Vec<u8>>) -> Self {
-        Self::range(KeyRange::Prefix(Bytes::from(prefix.into())))
+    pub fn prefix(prefix: impl IntoBytes) -> Self {
+        Self::range(KeyRange::Prefix(prefix.into_bytes()))
     }
 
     /// Delete a [`KeyRange`].
@@ -368,13 +369,13 @@ pub struct WatchRequest {
 
 impl WatchRequest {
     /// Watch one key.
-    pub fn key(key: impl Into<Vec<u8>>) -> Self {
-        Self::range(KeyRange::Key(Bytes::from(key.into())))
+    pub fn key(key: impl IntoBytes) -> Self {
+        Self::range(KeyRange::Key(key.into_bytes()))
     }
 
     /// Watch every key with this prefix.
-    pub fn prefix(prefix: impl Into<Vec<u8>>) -> Self {
-        Self::range(KeyRange::Prefix(Bytes::from(prefix.into())))
+    pub fn prefix(prefix: impl IntoBytes) -> Self {
+        Self::range(KeyRange::Prefix(prefix.into_bytes()))
     }
 
     /// Watch a [`KeyRange`].

@@ -9,6 +9,7 @@ use bytes::Bytes;
 use futures::stream::BoxStream;
 
 use crate::error::Result;
+use crate::into_bytes::IntoBytes;
 use crate::leader_key::LeaderKey;
 use crate::types::{KeyValue, LeaseId, Limits, Revision};
 pub use crate::watch_stream::WatchStream;
@@ -255,26 +256,26 @@ pub trait KeepAlive: fmt::Debug + Send {
 #[async_trait]
 pub trait KvLeaseStoreExt: KvLeaseStore {
     /// Reads one key: `None` when it does not exist.
-    async fn get_key(&self, key: impl Into<Vec<u8>> + Send) -> Result<Option<KeyValue>> {
+    async fn get_key(&self, key: impl IntoBytes + Send) -> Result<Option<KeyValue>> {
         Ok(self.get(GetRequest::key(key)).await?.kvs.into_iter().next())
     }
 
     /// Reads every key with a prefix.
-    async fn get_prefix(&self, prefix: impl Into<Vec<u8>> + Send) -> Result<GetResponse> {
+    async fn get_prefix(&self, prefix: impl IntoBytes + Send) -> Result<GetResponse> {
         self.get(GetRequest::prefix(prefix)).await
     }
 
     /// Writes one key without a lease; returns the write's revision.
     async fn put_value(
         &self,
-        key: impl Into<Vec<u8>> + Send,
-        value: impl Into<Vec<u8>> + Send,
+        key: impl IntoBytes + Send,
+        value: impl IntoBytes + Send,
     ) -> Result<Revision> {
         Ok(self.put(PutRequest::new(key, value)).await?.revision)
     }
 
     /// Deletes one key; returns how many keys were deleted (0 or 1).
-    async fn delete_key(&self, key: impl Into<Vec<u8>> + Send) -> Result<u64> {
+    async fn delete_key(&self, key: impl IntoBytes + Send) -> Result<u64> {
         Ok(self.delete(DeleteRequest::key(key)).await?.deleted)
     }
 

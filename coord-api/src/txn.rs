@@ -11,6 +11,7 @@
 
 use bytes::Bytes;
 
+use crate::into_bytes::IntoBytes;
 use crate::request::{
     DeleteRequest, DeleteResponse, GetRequest, GetResponse, PutRequest, PutResponse,
 };
@@ -62,9 +63,9 @@ pub struct Compare {
 
 impl Compare {
     /// Compare `key`'s `target` field by `op` (the constructors below name the target).
-    pub fn new(key: impl Into<Vec<u8>>, op: CompareOp, target: CompareTarget) -> Self {
+    pub fn new(key: impl IntoBytes, op: CompareOp, target: CompareTarget) -> Self {
         Compare {
-            key: Bytes::from(key.into()),
+            key: key.into_bytes(),
             op,
             target,
             prefix: false,
@@ -78,18 +79,18 @@ impl Compare {
     }
 
     /// Compare the key's value.
-    pub fn value(key: impl Into<Vec<u8>>, op: CompareOp, value: impl Into<Vec<u8>>) -> Self {
-        Self::new(key, op, CompareTarget::Value(Bytes::from(value.into())))
+    pub fn value(key: impl IntoBytes, op: CompareOp, value: impl IntoBytes) -> Self {
+        Self::new(key, op, CompareTarget::Value(value.into_bytes()))
     }
 
     /// Compare the key's version (0 when missing).
-    pub fn version(key: impl Into<Vec<u8>>, op: CompareOp, version: i64) -> Self {
+    pub fn version(key: impl IntoBytes, op: CompareOp, version: i64) -> Self {
         Self::new(key, op, CompareTarget::Version(version))
     }
 
     /// Compare the key's create revision (0 when missing).
     pub fn create_revision(
-        key: impl Into<Vec<u8>>,
+        key: impl IntoBytes,
         op: CompareOp,
         revision: impl Into<Revision>,
     ) -> Self {
@@ -97,16 +98,12 @@ impl Compare {
     }
 
     /// Compare the key's mod revision (0 when missing).
-    pub fn mod_revision(
-        key: impl Into<Vec<u8>>,
-        op: CompareOp,
-        revision: impl Into<Revision>,
-    ) -> Self {
+    pub fn mod_revision(key: impl IntoBytes, op: CompareOp, revision: impl Into<Revision>) -> Self {
         Self::new(key, op, CompareTarget::ModRevision(revision.into()))
     }
 
     /// Compare the key's lease ([`LeaseId::NONE`] when missing or detached).
-    pub fn lease(key: impl Into<Vec<u8>>, op: CompareOp, lease: LeaseId) -> Self {
+    pub fn lease(key: impl IntoBytes, op: CompareOp, lease: LeaseId) -> Self {
         Self::new(key, op, CompareTarget::Lease(lease))
     }
 

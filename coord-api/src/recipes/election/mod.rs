@@ -220,7 +220,7 @@ impl Election {
                         Compare::create_revision(prefix.clone(), CompareOp::Equal, 0).with_prefix()
                     },
                 ])
-                .and_then([PutRequest::new(key.clone(), value.to_vec()).with_lease(lease)])
+                .and_then([PutRequest::new(key.clone(), value.clone()).with_lease(lease)])
                 .or_else([elections::oldest_candidate(&self.name)]),
             Some(turn),
         )
@@ -406,7 +406,7 @@ impl Election {
                 .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
                 .and_then([
                     TxnOp::Get(oldest()),
-                    TxnOp::Put(PutRequest::new(key.clone(), value.to_vec()).with_lease(lease)),
+                    TxnOp::Put(PutRequest::new(key.clone(), value.clone()).with_lease(lease)),
                 ])
                 .or_else([oldest()]),
             Some(turn),

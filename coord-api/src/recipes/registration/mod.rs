@@ -254,7 +254,7 @@ impl HostRegistration {
         let key = self.shared.config.key.clone();
         let req = TxnRequest::new()
             .when([Compare::lease(key.clone(), CompareOp::Equal, lease)])
-            .and_then([PutRequest::new(key, metadata.to_vec()).with_lease(lease)]);
+            .and_then([PutRequest::new(key, metadata).with_lease(lease)]);
         match self.shared.store().txn(req).await {
             Ok(_) | Err(Error::LeaseNotFound { .. }) => Ok(()),
             Err(e) => Err(e),

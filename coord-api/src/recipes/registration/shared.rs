@@ -75,7 +75,7 @@ impl Shared {
             self.latest()
         };
         let key = self.config.key.clone();
-        let put = PutRequest::new(key.clone(), metadata.to_vec())
+        let put = PutRequest::new(key.clone(), metadata)
             .with_lease(lease)
             .with_prev_kv();
         let txn = TxnRequest::new()
@@ -128,7 +128,7 @@ impl Shared {
             "the key under our lease carries other metadata than the latest; rewriting it"
         );
         let key = self.config.key.clone();
-        let put = PutRequest::new(key.clone(), latest.to_vec()).with_lease(lease);
+        let put = PutRequest::new(key.clone(), latest).with_lease(lease);
         let txn = TxnRequest::new()
             .when([Compare::mod_revision(
                 key,
