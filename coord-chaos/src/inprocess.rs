@@ -99,15 +99,6 @@ struct InProcess {
     start: Instant,
 }
 
-/// Runs coord's own service ([`CoordService`](crate::CoordService)); see
-/// [`simulate_service`].
-///
-/// # Panics
-/// Inside an async context (it blocks on its own runtime).
-pub fn simulate(scenario: &Scenario, seed: u64, faults: &[Fault]) -> History {
-    simulate_service(Arc::new(crate::CoordService), scenario, seed, faults)
-}
-
 /// Runs `service` on `scenario`'s nodes under `faults`, from `seed`, in virtual time, and
 /// returns the history.
 ///

@@ -93,14 +93,12 @@
 #![forbid(unsafe_code)]
 
 mod check;
-mod coord_locker;
-mod coord_node;
+mod coord;
 mod driver;
 mod fault;
 mod fenced_act;
 mod first_writer;
 mod history;
-mod host_key_writes;
 mod inprocess;
 mod keys;
 mod recorder;
@@ -117,10 +115,13 @@ mod watcher_record;
 pub use check::{
     check, generic, Believed, Commit, FencedWrites, Invariant, Permits, Run, Violation,
 };
-pub use coord_node::CoordService;
+#[cfg(feature = "turmoil")]
+#[cfg_attr(docsrs, doc(cfg(feature = "turmoil")))]
+pub use coord::simulate_turmoil;
+pub use coord::{simulate, CoordService};
 pub use fault::{schedule, Fault, FaultKind};
 pub use history::{Emitted, Happening, History, Incarnation, Outcome, Part, Record};
-pub use inprocess::{simulate, simulate_service};
+pub use inprocess::simulate_service;
 pub use keys::{election_name, host_key, work_key, HOSTS};
 pub use recorder::Recorder;
 pub use rng::Rng;
@@ -131,9 +132,7 @@ pub use svg::timeline_svg;
 pub use timeline::{timeline, timeline_with_store};
 #[cfg(feature = "turmoil")]
 #[cfg_attr(docsrs, doc(cfg(feature = "turmoil")))]
-pub use turmoil_world::{
-    simulate_service_turmoil, simulate_turmoil, turmoil_fault_kinds, turmoil_supports,
-};
+pub use turmoil_world::{simulate_service_turmoil, turmoil_fault_kinds, turmoil_supports};
 pub use watcher_record::record_watcher;
 
 /// The crate's README, whose examples are compiled as doctests.

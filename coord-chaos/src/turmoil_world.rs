@@ -45,14 +45,6 @@ type PartStops = Arc<Mutex<BTreeMap<usize, mpsc::UnboundedSender<PartStopRequest
 /// to make, on the node's client).
 type ReplyLatencies = Arc<Mutex<BTreeMap<usize, Duration>>>;
 
-/// Runs coord's own service over turmoil; see [`simulate_service_turmoil`].
-///
-/// # Panics
-/// When turmoil fails (a host returned an error).
-pub fn simulate_turmoil(scenario: &Scenario, seed: u64, faults: &[Fault]) -> History {
-    simulate_service_turmoil(Arc::new(crate::CoordService), scenario, seed, faults)
-}
-
 /// Runs `service` on `scenario`'s nodes, each a turmoil host on the production `EtcdStore`
 /// with `EtcdConfig`'s defaults (but the scenario's request timeout), under `faults`, from
 /// `seed`, and returns the history. The same seed gives the same history when the build seeds

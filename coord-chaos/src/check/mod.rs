@@ -27,6 +27,7 @@ use coord_sim::journal::Origin;
 
 pub(crate) use beliefs::{Beliefs, FaultSpan, PartStop};
 pub use elections::FencedWrites;
+pub(crate) use permits::PermitHeld;
 pub use permits::Permits;
 pub use truth::Commit;
 pub(crate) use truth::Truth;
@@ -321,10 +322,11 @@ pub fn generic() -> Vec<Box<dyn Invariant>> {
     ]
 }
 
-/// The invariants of coord's own nodes: registrations (S6, S7, L1, L2, M1), watchers (S4/S5,
-/// L4), stops (L7), the semaphore they always want a permit of (P4), and the fence on their
-/// work keys (S1).
-pub(crate) fn coord() -> Vec<Box<dyn Invariant>> {
+/// The invariants of the recipes' own duties, for a service that registers its nodes under
+/// [`HOSTS`](crate::HOSTS) with coord's registration, watches them, and stops its parts on
+/// request (coord's own service does): registrations (S6, S7, S8, L1, L2, M1), watchers
+/// (S4/S5, L4), stops (L7).
+pub(crate) fn recipes() -> Vec<Box<dyn Invariant>> {
     vec![
         named("S4/S5", watchers::s4_s5_watchers),
         named("S6", registrations::s6_no_foreign_deletes),
@@ -335,7 +337,6 @@ pub(crate) fn coord() -> Vec<Box<dyn Invariant>> {
         named("L4", watchers::l4_watcher_convergence),
         named("L7", stops::l7_stops),
         named("M1", registrations::m1_latest_metadata),
-        named("P4", permits::p4_permit_held),
     ]
 }
 

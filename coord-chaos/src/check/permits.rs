@@ -191,20 +191,32 @@ impl Invariant for Permits {
     }
 }
 
-/// P4, for the semaphore coord's own nodes always want a permit of (each takes one in a
-/// loop): from t_h + τ + B + ET + RTT on, it never goes without a believed permit for longer
-/// than τ + B + 2RTT, L5's bound. A waiter that a release does not wake leaves its seat
-/// unused (held by a key nobody believes in) until its session ends.
-pub(super) fn p4_permit_held(run: &Run<'_>, out: &mut Vec<Violation>) {
-    let held = Held {
-        invariant: "P4",
-        what: "semaphore",
-        none: "no permit believed",
-    };
-    held.check(
-        run,
-        &run.beliefs.permits,
-        [crate::coord_locker::SEMAPHORE],
-        out,
-    );
+/// P4, for a semaphore whose permit a service's nodes always want (each takes one in a
+/// loop, as coord's own nodes do): from t_h + τ + B + ET + RTT on, it never goes without a
+/// believed permit for longer than τ + B + 2RTT, L5's bound. A waiter that a release does
+/// not wake leaves its seat unused (held by a key nobody believes in) until its session ends.
+pub(crate) struct PermitHeld {
+    semaphore: &'static str,
+}
+
+impl PermitHeld {
+    /// P4 for the semaphore `semaphore`.
+    pub(crate) fn new(semaphore: &'static str) -> Self {
+        PermitHeld { semaphore }
+    }
+}
+
+impl Invariant for PermitHeld {
+    fn name(&self) -> &str {
+        "P4"
+    }
+
+    fn check(&self, run: &Run<'_>, out: &mut Vec<Violation>) {
+        let held = Held {
+            invariant: "P4",
+            what: "semaphore",
+            none: "no permit believed",
+        };
+        held.check(run, &run.beliefs.permits, [self.semaphore], out);
+    }
 }

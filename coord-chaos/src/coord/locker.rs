@@ -19,7 +19,7 @@ use coord_api::recipes::{
 use coord_api::sync::Stop;
 use coord_api::Revision;
 
-use crate::coord_node::stop_part;
+use super::node::stop_part;
 use crate::fenced_act::write_through;
 use crate::history::Part;
 use crate::rng::Rng;

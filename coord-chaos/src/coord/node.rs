@@ -23,13 +23,13 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::{sleep_until, Instant};
 use tracing::Instrument;
 
-use crate::check::{self, FencedWrites, Invariant, Permits};
-use crate::coord_locker::{
+use super::host_key_writes::HostKeyWrites;
+use super::locker::{
     locker, Shared, LOCK, LOCK_WORK_PREFIX, PERMITS, PERMIT_WORK_PREFIX, SEMAPHORE,
 };
+use crate::check::{self, FencedWrites, Invariant, PermitHeld, Permits};
 use crate::fenced_act::write_through;
 use crate::history::{Happening, Part};
-use crate::host_key_writes::HostKeyWrites;
 use crate::keys::{election_name, host_key, metadata, work_key, HOSTS};
 use crate::rng::Rng;
 use crate::scenario::Scenario;
@@ -53,7 +53,8 @@ impl Service for CoordService {
     }
 
     fn invariants(&self, scenario: &Scenario) -> Vec<Box<dyn Invariant>> {
-        let mut all = check::coord();
+        let mut all = check::recipes();
+        all.push(Box::new(PermitHeld::new(SEMAPHORE)));
         for e in 0..scenario.elections {
             let prefix = format!("work/{}/", election_name(e));
             all.push(Box::new(FencedWrites::new(election_name(e), prefix, token)));
