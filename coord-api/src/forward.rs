@@ -10,12 +10,13 @@ use bytes::Bytes;
 
 use crate::error::Result;
 use crate::leader_key::LeaderKey;
-use crate::store::{DynKvLeaseStore, KeepAlive, KvLeaseStore, LeaderStream, WatchStream};
-use crate::types::{KeyValue, LeaseId, Limits, Revision};
-use crate::{
+use crate::request::{
     DeleteRequest, DeleteResponse, GetRequest, GetResponse, LeaseGrant, LeaseTimeToLive,
-    PutRequest, PutResponse, TxnRequest, TxnResponse, WatchRequest,
+    PutRequest, PutResponse, WatchRequest,
 };
+use crate::store::{DynKvLeaseStore, KeepAlive, KvLeaseStore, LeaderStream, WatchStream};
+use crate::txn::{TxnRequest, TxnResponse};
+use crate::types::{KeyValue, LeaseId, Limits, Revision};
 
 /// A store that wraps another: every method passes the call to [`inner`](Forward::inner)
 /// unless the wrapper overrides it, and every `Forward` is a [`KvLeaseStore`]. A wrapper

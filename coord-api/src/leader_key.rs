@@ -3,8 +3,8 @@
 
 use bytes::Bytes;
 
+use crate::txn::{Compare, CompareOp};
 use crate::types::{LeaseId, Revision};
-use crate::{Compare, CompareOp};
 
 /// A candidate's key in an election: what [`KvLeaseStore::campaign`](crate::KvLeaseStore::campaign)
 /// returns, and what proclaim and resign take to prove who is asking.

@@ -68,6 +68,7 @@
 
 pub mod elections;
 mod error;
+mod ext;
 mod forward;
 #[doc(hidden)]
 pub mod hooks;
@@ -91,6 +92,7 @@ pub mod testkit;
 
 pub use elections::candidate_key;
 pub use error::{BoxError, Error, ErrorClass, Result};
+pub use ext::KvLeaseStoreExt;
 pub use forward::Forward;
 pub use into_bytes::IntoBytes;
 pub use leader_key::LeaderKey;
@@ -99,9 +101,7 @@ pub use request::{
     DeleteRequest, DeleteResponse, GetRequest, GetResponse, LeaseGrant, LeaseTimeToLive,
     PutRequest, PutResponse, SortOrder, SortTarget, WatchRequest, WatchResponse,
 };
-pub use store::{
-    DynKvLeaseStore, KeepAlive, KvLeaseStore, KvLeaseStoreExt, LeaderStream, WatchStream,
-};
+pub use store::{DynKvLeaseStore, KeepAlive, KvLeaseStore, LeaderStream, WatchStream};
 pub use txn::{Compare, CompareOp, CompareTarget, TxnOp, TxnOpResponse, TxnRequest, TxnResponse};
 pub use types::{Event, EventKind, KeyRange, KeyValue, LeaseId, Limits, Revision};
 

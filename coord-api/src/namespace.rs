@@ -9,13 +9,14 @@ use futures::StreamExt;
 use crate::error::{Error, Result};
 use crate::forward::Forward;
 use crate::leader_key::LeaderKey;
+use crate::request::{
+    DeleteRequest, DeleteResponse, GetRequest, GetResponse, LeaseTimeToLive, PutRequest,
+    PutResponse, WatchRequest,
+};
 use crate::store::{DynKvLeaseStore, KvLeaseStore, LeaderStream, WatchStream};
+use crate::txn::{Compare, TxnOp, TxnOpResponse, TxnRequest, TxnResponse};
 use crate::types::{Event, KeyRange, KeyValue, LeaseId};
 use crate::validate;
-use crate::{
-    Compare, DeleteRequest, DeleteResponse, GetRequest, GetResponse, LeaseTimeToLive, PutRequest,
-    PutResponse, TxnOp, TxnOpResponse, TxnRequest, TxnResponse, WatchRequest,
-};
 
 /// A store whose every key lives under `prefix`.
 ///

@@ -166,10 +166,14 @@ where
 /// but [`Retryable`](crate::ErrorClass::Retryable)), waiting `backoff`'s delays between
 /// attempts and resetting it after a success. `what` names the request in the debug event
 /// of each retry. The caller bounds the whole (a session's end, a cancellation).
-pub async fn call<T, F, Fut>(backoff: &mut Backoff, what: &str, mut request: F) -> crate::Result<T>
+pub async fn call<T, F, Fut>(
+    backoff: &mut Backoff,
+    what: &str,
+    mut request: F,
+) -> crate::error::Result<T>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = crate::Result<T>>,
+    Fut: Future<Output = crate::error::Result<T>>,
 {
     let done = until(
         backoff,

@@ -4,9 +4,10 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::request::{DeleteRequest, GetRequest, PutRequest, WatchRequest};
+use crate::txn::{TxnOp, TxnRequest};
+use crate::types::Revision;
 use crate::types::{KeyRange, Limits};
-use crate::Revision;
-use crate::{DeleteRequest, GetRequest, PutRequest, TxnOp, TxnRequest, WatchRequest};
 
 fn key(what: &str, key: &[u8]) -> Result<()> {
     if key.is_empty() {
@@ -196,7 +197,7 @@ pub fn compaction(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::DeleteRequest;
+    use crate::request::DeleteRequest;
 
     #[test]
     fn ttl_rounds_up_to_seconds_and_respects_the_minimum() {

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use futures::stream::{BoxStream, Stream, StreamExt};
 
 use crate::error::Result;
-use crate::WatchResponse;
+use crate::request::WatchResponse;
 
 /// Sends one progress request on a watch's connection; see [`WatchStream::request_progress`].
 type RequestProgress = Arc<dyn Fn() -> Result<()> + Send + Sync>;

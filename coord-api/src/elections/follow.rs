@@ -20,10 +20,10 @@ use bytes::Bytes;
 use futures::StreamExt;
 
 use crate::error::Error;
+use crate::request::{GetRequest, WatchRequest};
 use crate::retry::{self, Backoff};
 use crate::store::{DynKvLeaseStore, WatchStream};
 use crate::types::{EventKind, KeyValue, Revision};
-use crate::{GetRequest, WatchRequest};
 
 /// A change to the followed key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -189,8 +189,8 @@ impl Follow {
 async fn bounded<T>(
     bound: Option<Duration>,
     operation: &'static str,
-    call: impl std::future::Future<Output = crate::Result<T>>,
-) -> crate::Result<T> {
+    call: impl std::future::Future<Output = crate::error::Result<T>>,
+) -> crate::error::Result<T> {
     let Some(bound) = bound else {
         return call.await;
     };

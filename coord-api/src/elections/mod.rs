@@ -42,14 +42,12 @@ use tracing::Instrument;
 
 use crate::error::{Error, ErrorClass, Result};
 use crate::leader_key::LeaderKey;
+use crate::request::{DeleteRequest, GetRequest, PutRequest, SortOrder, SortTarget, WatchRequest};
 use crate::retry;
 use crate::store::{DynKvLeaseStore, KvLeaseStore, LeaderStream};
+use crate::txn::{Compare, CompareOp, TxnOp, TxnRequest};
 use crate::types::{EventKind, KeyValue, LeaseId, Revision};
 use crate::validate;
-use crate::{
-    Compare, CompareOp, DeleteRequest, GetRequest, PutRequest, SortOrder, SortTarget, TxnOp,
-    TxnRequest, WatchRequest,
-};
 
 use follow::{Change, Follow};
 
@@ -182,7 +180,7 @@ pub(crate) async fn settled(
     store: Arc<DynKvLeaseStore>,
     txn: TxnRequest,
     turn: Option<Turn>,
-) -> (Result<crate::TxnResponse>, Option<Turn>) {
+) -> (Result<crate::txn::TxnResponse>, Option<Turn>) {
     let Some(turn) = turn else {
         return (store.txn(txn).await, None);
     };

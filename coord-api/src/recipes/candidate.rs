@@ -35,8 +35,8 @@ use crate::error::{Error, Result};
 use crate::leader_key::LeaderKey;
 use crate::retry::{self, Backoff};
 use crate::sync::{watch, Stop};
+use crate::txn::{TxnRequest, TxnResponse};
 use crate::types::Revision;
-use crate::{TxnRequest, TxnResponse};
 use std::ops::ControlFlow;
 
 /// What a [`Candidate`] campaigns for, and how it paces itself.

@@ -13,8 +13,8 @@ use super::election::{Fence, Leadership};
 use super::loss::LossReason;
 use crate::error::Result;
 use crate::leader_key::LeaderKey;
+use crate::txn::{Compare, TxnRequest, TxnResponse};
 use crate::types::Revision;
-use crate::{Compare, TxnRequest, TxnResponse};
 
 /// A held key of a lock or a semaphore: its fencing token, its loss signal, and fenced
 /// transactions. A [`MutexGuard`](super::MutexGuard) and a [`Permit`](super::Permit) are one

@@ -20,9 +20,9 @@ use super::host::HostSession;
 use super::session::SessionConfig;
 use crate::elections::candidate_key;
 use crate::error::{Error, Result};
+use crate::request::DeleteRequest;
 use crate::store::DynKvLeaseStore;
 use crate::sync::Stop;
-use crate::DeleteRequest;
 
 /// What an [`ElectionPool`] has done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

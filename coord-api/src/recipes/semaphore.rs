@@ -25,8 +25,8 @@ use super::election::{Election, Leadership};
 use super::hold::HeldKey;
 use super::session::SessionHandle;
 use crate::error::{Error, Result};
+use crate::request::{GetRequest, SortOrder, SortTarget};
 use crate::types::KeyValue;
-use crate::{GetRequest, SortOrder, SortTarget};
 
 /// A named semaphore of `permits` permits, taken under one session's lease (one permit per
 /// session and name).

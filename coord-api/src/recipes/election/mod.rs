@@ -31,10 +31,11 @@ use crate::elections::follow::Follow;
 use crate::elections::{self, candidate_key};
 use crate::error::{Error, Result};
 use crate::leader_key::LeaderKey;
+use crate::request::{GetRequest, PutRequest};
 use crate::store::{DynKvLeaseStore, KvLeaseStore, LeaderStream};
 use crate::sync::watch;
+use crate::txn::{Compare, CompareOp, TxnOp, TxnRequest, TxnResponse};
 use crate::types::{KeyValue, Revision};
-use crate::{Compare, CompareOp, GetRequest, PutRequest, TxnOp, TxnRequest, TxnResponse};
 
 mod fence;
 mod leadership;
@@ -229,7 +230,7 @@ impl Election {
             Ok(r) => r,
             Err(e) => {
                 // A write that may have applied leaves a key nobody waits for: withdraw it.
-                if e.class() == crate::ErrorClass::Indeterminate {
+                if e.class() == crate::error::ErrorClass::Indeterminate {
                     self.withdraw(
                         LeaderKey {
                             name: self.name.clone(),
@@ -305,7 +306,7 @@ impl Election {
         let _turn = self.session.campaign_turn(&self.name).await.turn;
         let key = candidate_key(&self.name, self.session.lease());
         self.store
-            .delete(crate::DeleteRequest::key(key))
+            .delete(crate::request::DeleteRequest::key(key))
             .await
             .map(|_| ())
     }
@@ -397,7 +398,10 @@ impl Election {
         let lease = self.session.lease();
         let oldest = || {
             GetRequest::prefix(prefix.clone())
-                .with_sort(crate::SortTarget::Create, crate::SortOrder::Ascend)
+                .with_sort(
+                    crate::request::SortTarget::Create,
+                    crate::request::SortOrder::Ascend,
+                )
                 .with_limit(self.seats as u64)
         };
         let (written, _turn) = elections::settled(
@@ -421,7 +425,7 @@ impl Election {
         let resp = match written {
             Ok(r) => r,
             Err(e) => {
-                if e.class() == crate::ErrorClass::Indeterminate {
+                if e.class() == crate::error::ErrorClass::Indeterminate {
                     self.withdraw(won, campaign);
                 }
                 return Err(e);

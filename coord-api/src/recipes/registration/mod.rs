@@ -40,14 +40,12 @@ use super::session::{SessionConfig, SessionEnd, SessionHandle};
 use super::task::Task;
 use crate::elections::follow::{Change, Follow};
 use crate::error::{Error, Result};
+use crate::request::{DeleteRequest, GetRequest, PutRequest};
 use crate::retry::{self, Backoff};
 use crate::store::DynKvLeaseStore;
 use crate::sync::{watch, Stop};
+use crate::txn::{Compare, CompareOp, TxnOp, TxnOpResponse, TxnRequest, TxnResponse};
 use crate::types::{KeyValue, LeaseId, Revision};
-use crate::{
-    Compare, CompareOp, DeleteRequest, GetRequest, PutRequest, TxnOp, TxnOpResponse, TxnRequest,
-    TxnResponse,
-};
 
 mod config;
 mod heal;

@@ -39,12 +39,13 @@ use tokio::sync::mpsc;
 
 use super::task::Task;
 use crate::error::{Error, Result};
+use crate::ext::KvLeaseStoreExt;
+use crate::request::{GetRequest, WatchRequest};
 use crate::retry::{self, Backoff};
-use crate::store::{DynKvLeaseStore, KvLeaseStoreExt};
+use crate::store::DynKvLeaseStore;
 use crate::sync::watch;
 use crate::types::EventKind;
 use crate::types::Revision;
-use crate::{GetRequest, WatchRequest};
 
 mod view;
 mod worker;
@@ -188,7 +189,6 @@ impl ClusterWatcher {
             written: None,
             tx,
             outbox: Outbox::default(),
-            backoff: retry::Backoff::store(seed),
         };
         // The first listing becomes the view now, and its HostUp events are queued; those
         // that do not fit the buffer wait in the outbox for the task, which moves them once
@@ -215,7 +215,7 @@ impl ClusterWatcher {
         w.outbox.move_ready(&w.tx);
         let outbox = w.outbox.clone();
         let span = tracing::info_span!("cluster_watcher", prefix = %w.config.prefix);
-        let task = Task::spawn_abortable(span, w.run());
+        let task = Task::spawn_abortable(span, w.run(retry::Backoff::store(seed)));
         Ok(ClusterWatcher {
             view,
             events,

@@ -1,6 +1,10 @@
 //! The watcher's task: it lists, watches from the listing's revision, applies each batch to
 //! the view, resumes a broken watch and re-lists after a compaction.
 
+use std::convert::Infallible;
+use std::future::pending;
+use std::ops::ControlFlow;
+
 use super::*;
 
 pub(super) struct Worker {
@@ -19,7 +23,6 @@ pub(super) struct Worker {
     /// The events the view holds on their way to the channel.
     pub(super) outbox: Outbox,
     /// Between attempts to reach the store (re-open, re-list).
-    pub(super) backoff: Backoff,
     pub(super) gauges: crate::metrics::record::WatcherGauges,
 }
 
@@ -219,7 +222,7 @@ impl Worker {
     /// Follows the prefix until stopped. Stopped by being dropped where it waits
     /// ([`Task::spawn_abortable`]): it holds nothing a stop must let go of, and a stop while
     /// it waits for the consumer to make room ends it at once.
-    pub(super) async fn run(mut self) {
+    pub(super) async fn run(mut self, mut backoff: Backoff) {
         self.flush().await;
         // Every watch starts at the last revision seen, the listing's or an event's, never
         // the one after it (see the module docs).
@@ -246,42 +249,44 @@ impl Worker {
                     from = self.view.revision.max(Revision(1));
                     if delivered {
                         // It worked until now: resume at once.
-                        self.backoff.reset();
+                        backoff.reset();
                         continue;
                     }
                     // The store is unreachable, or breaks every stream at once: back off.
-                    self.backoff.wait().await;
+                    backoff.wait().await;
                     continue;
                 }
                 None => crate::metrics::record::watcher_relisted(&self.config.prefix, "compacted"),
             }
             tracing::warn!(reason = %outcome, revision = %self.view.revision, "watch broken; re-listing");
             // Re-list until it works and is not behind what we have seen.
-            loop {
-                let listed = self.list().await;
-                match listed {
-                    Ok(l) if l.0 >= self.view.revision => {
-                        self.apply_listing(l).await;
-                        from = self.view.revision.max(Revision(1));
-                        self.backoff.reset();
-                        tracing::info!(
-                            revision = %self.view.revision,
-                            hosts = self.view.hosts.len(),
-                            "watcher resynced"
+            let (this, seen) = (&self, self.view.revision);
+            let relisted = retry::until(&mut backoff, pending::<Infallible>(), |_| async move {
+                match this.list().await {
+                    Ok(l) if l.0 >= seen => ControlFlow::Break(l),
+                    Ok(l) => {
+                        tracing::warn!(
+                            listed = %l.0,
+                            %seen,
+                            "listing older than the view (stale member?); rejected"
                         );
-                        break;
+                        ControlFlow::Continue(())
                     }
-                    Ok(l) => tracing::warn!(
-                        listed = %l.0,
-                        seen = %self.view.revision,
-                        "listing older than the view (stale member?); rejected"
-                    ),
                     Err(e) => {
-                        tracing::debug!(error = &e as &dyn std::error::Error, "re-list failed")
+                        tracing::debug!(error = &e as &dyn std::error::Error, "re-list failed");
+                        ControlFlow::Continue(())
                     }
                 }
-                self.backoff.wait().await;
-            }
+            });
+            let Ok(listing) = relisted.await;
+            self.apply_listing(listing).await;
+            from = self.view.revision.max(Revision(1));
+            backoff.reset();
+            tracing::info!(
+                revision = %self.view.revision,
+                hosts = self.view.hosts.len(),
+                "watcher resynced"
+            );
         }
     }
 
@@ -409,7 +414,11 @@ impl Worker {
     }
 
     /// Applies one watch batch to the view, collecting the events to emit.
-    pub(super) fn apply(&mut self, batch: crate::WatchResponse, out: &mut Vec<ClusterEvent>) {
+    pub(super) fn apply(
+        &mut self,
+        batch: crate::request::WatchResponse,
+        out: &mut Vec<ClusterEvent>,
+    ) {
         let planted = crate::hooks::planted::enabled(
             crate::hooks::planted::Bug::WatcherTrustsProgressAnswers,
         );
