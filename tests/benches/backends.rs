@@ -58,7 +58,7 @@ async fn failover(store: &Arc<DynKvLeaseStore>, round: usize, f: &mut Figures) {
         leaders::leader_and_waiting(store, &format!("fo/crash/{round}"), TTL).await;
     // From the last renewal: the store expires the lease TTL after it, whenever in the
     // renewal period the crash came. Dropped, nothing is revoked.
-    let renewed = (a.deadline() - TTL).into_std();
+    let renewed = (a.deadline() + a.clock_margin() - TTL).into_std();
     drop(lead);
     drop(a);
     let _successor = waiting.await.expect("the successor").expect("a leadership");

@@ -405,7 +405,7 @@ async fn failover(r: &mut Report, quick: bool) {
             leader_and_waiting(&store, &format!("fo/coordc/{i}"), ttl).await;
         // Measured from the last renewal: the store expires the lease TTL after it, whenever
         // the crash came in the renewal period.
-        let renewed = (a.deadline() - ttl).into_std();
+        let renewed = (a.deadline() + a.clock_margin() - ttl).into_std();
         drop(lead);
         drop(a);
         let _successor = waiting.await.unwrap().unwrap();

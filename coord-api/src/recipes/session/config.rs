@@ -22,6 +22,12 @@ pub struct SessionConfig {
     /// [`stop`](Session::stop) (default off: a dropped session's lease expires after its TTL,
     /// which is what a crash looks like).
     pub revoke_on_drop: bool,
+    /// How far this host's clock may run slow against the store's, in parts per million of
+    /// the time measured (default 10,000: 1%). The local deadline is kept that much of the TTL
+    /// ahead of the store's expiry: the store counts the TTL on its own clock, and a local
+    /// clock that runs slow (or a deadline timer that fires late on a loaded host) would
+    /// otherwise let a belief outlast the lease. At the 10 s default TTL, 100 ms.
+    pub clock_drift_ppm: u32,
 }
 
 impl Default for SessionConfig {
@@ -31,6 +37,7 @@ impl Default for SessionConfig {
             renew_interval: None,
             revoke_on_expiry: true,
             revoke_on_drop: false,
+            clock_drift_ppm: 10_000,
         }
     }
 }
@@ -61,6 +68,22 @@ impl SessionConfig {
         self.revoke_on_drop = on;
         self
     }
+
+    /// Allow for this much clock drift, in parts per million (see
+    /// [`clock_drift_ppm`](Self::clock_drift_ppm)); at most 100,000 (10%).
+    pub fn with_clock_drift_ppm(mut self, ppm: u32) -> Self {
+        self.clock_drift_ppm = ppm.min(MAX_CLOCK_DRIFT_PPM);
+        self
+    }
+}
+
+/// The largest clock drift a session allows for: 10% of the TTL.
+pub(super) const MAX_CLOCK_DRIFT_PPM: u32 = 100_000;
+
+/// How much of `ttl` the local deadline keeps ahead of the store's expiry, for `ppm` of
+/// clock drift.
+pub(super) fn clock_margin(ttl: Duration, ppm: u32) -> Duration {
+    ttl.mul_f64(f64::from(ppm.min(MAX_CLOCK_DRIFT_PPM)) / 1_000_000.0)
 }
 
 /// Why a session ended.

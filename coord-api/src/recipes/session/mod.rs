@@ -5,7 +5,10 @@
 //! is a deadline the server's expiry cannot precede. A session treats itself as done at that
 //! deadline even if no server ever tells it so (a partition, a stalled stream), so anything
 //! built on it (a leadership) steps down no later than the server could hand it to someone
-//! else.
+//! else. The deadline is kept a clock margin earlier still (1% of the TTL by default,
+//! [`SessionConfig::clock_drift_ppm`]): the server counts the TTL on its own clock, and a
+//! local clock that runs slow, or a deadline timer that fires late, must not carry a belief
+//! past the lease.
 //!
 //! The timing, all counted from sends, never from replies:
 //! * A renewal goes out every renewal period (KA, a third of the TTL by default) after the
@@ -72,6 +75,9 @@ struct Inner {
     store: Arc<DynKvLeaseStore>,
     lease: LeaseId,
     ttl: Duration,
+    /// How far the local deadline stays ahead of the store's expiry (see
+    /// [`SessionConfig::clock_drift_ppm`]), as parts per million of a TTL.
+    clock_drift_ppm: u32,
     revoke_on_expiry: bool,
     /// The deadline and the end. Its receivers are told of the end only: a renewal moves the
     /// deadline later without a word to them, so that a renewal does not wake every task
@@ -90,6 +96,11 @@ struct Inner {
 }
 
 impl Inner {
+    /// The clock margin for a lease of `ttl`.
+    fn margin(&self, ttl: Duration) -> Duration {
+        config::clock_margin(ttl, self.clock_drift_ppm)
+    }
+
     /// Asks the renewal task to renew now.
     fn ask_renewal(&self) {
         self.renew_asked.store(true, Ordering::SeqCst);
@@ -194,9 +205,16 @@ impl SessionHandle {
         self.inner.ttl
     }
 
-    /// The local deadline: send time of the last acknowledged renewal + TTL.
+    /// The local deadline: send time of the last acknowledged renewal + TTL, less the clock
+    /// margin ([`clock_margin`](Self::clock_margin)).
     pub fn deadline(&self) -> Instant {
         self.inner.state().deadline
+    }
+
+    /// How far the local deadline stays ahead of the store's expiry, for clock drift (see
+    /// [`SessionConfig::clock_drift_ppm`]).
+    pub fn clock_margin(&self) -> Duration {
+        self.inner.margin(self.inner.ttl)
     }
 
     /// True once the session ended or its deadline passed.
@@ -424,9 +442,11 @@ impl Session {
             store,
             lease: grant.id,
             ttl: grant.ttl,
+            clock_drift_ppm: config.clock_drift_ppm,
             revoke_on_expiry: config.revoke_on_expiry,
             state: watch::Sender::new(State {
-                deadline: sent + grant.ttl,
+                deadline: sent + grant.ttl
+                    - config::clock_margin(grant.ttl, config.clock_drift_ppm),
                 ended: None,
                 last_renewal: None,
             }),
@@ -489,9 +509,16 @@ impl Session {
         self.handle.inner.ttl
     }
 
-    /// The local deadline: send time of the last acknowledged renewal + TTL.
+    /// The local deadline: send time of the last acknowledged renewal + TTL, less the clock
+    /// margin ([`clock_margin`](Self::clock_margin)).
     pub fn deadline(&self) -> Instant {
         self.handle.deadline()
+    }
+
+    /// How far the local deadline stays ahead of the store's expiry, for clock drift (see
+    /// [`SessionConfig::clock_drift_ppm`]).
+    pub fn clock_margin(&self) -> Duration {
+        self.handle.clock_margin()
     }
 
     /// True once the session ended or its deadline passed.

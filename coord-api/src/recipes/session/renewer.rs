@@ -178,7 +178,7 @@ impl Renewer {
                     sent
                 };
                 // Unannounced to the state's receivers (see `Inner::state`).
-                self.deadline = self.deadline.max(from + ttl);
+                self.deadline = self.deadline.max(from + ttl - self.inner.margin(ttl));
                 let deadline = self.deadline;
                 self.inner.state.send_if_modified(|s| {
                     s.deadline = deadline;

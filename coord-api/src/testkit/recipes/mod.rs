@@ -45,6 +45,7 @@ macro_rules! recipe_tests {
             session::session_renews_and_outlives_its_ttl,
             session::session_renewals_wake_no_waiter_of_its_end,
             session::session_done_fires_at_the_local_deadline_when_cut_off,
+            session::session_ends_a_clock_margin_before_its_lease_expires,
             session::session_survives_a_grant_answered_late,
             session::session_reports_a_revoked_lease,
             registration::registration_heals_after_a_stream_close_on_the_same_lease,

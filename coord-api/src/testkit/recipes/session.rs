@@ -86,6 +86,44 @@ pub async fn session_done_fires_at_the_local_deadline_when_cut_off(fx: &dyn Fixt
     );
 }
 
+/// The local deadline keeps a clock margin ahead of the store's expiry: a session cut off ends
+/// while the store still holds its lease, even at zero latency, where without the margin both
+/// fall on one instant and the store may go first. The margin is the most a session allows
+/// (10% of the TTL: 200 ms on the real servers' 2 s TTL, the time the store's answer has
+/// to arrive in, besides the store's own expiry granularity); the default is 1%.
+pub async fn session_ends_a_clock_margin_before_its_lease_expires(fx: &dyn Fixture) {
+    assert_eq!(
+        SessionConfig::default().clock_drift_ppm,
+        10_000,
+        "1% by default"
+    );
+    let client = fx.client().await;
+    let observer = fx.store();
+    let config = SessionConfig::default()
+        .with_ttl(fx.ttl())
+        .with_clock_drift_ppm(1_000_000);
+    let s = Session::new(client.store.clone(), config).await.unwrap();
+    let granted = Instant::now();
+    assert_eq!(s.clock_margin(), fx.ttl() / 10, "capped at 10% of the TTL");
+    // The store counts the TTL from when the grant reached it, before its answer came back:
+    // the deadline is the margin ahead of the earliest the store could end the lease.
+    assert!(
+        s.deadline() + s.clock_margin() <= granted + fx.ttl(),
+        "deadline {:?} after the grant's answer, TTL {:?}, margin {:?}",
+        s.deadline() - granted,
+        fx.ttl(),
+        s.clock_margin()
+    );
+    let lease = s.lease();
+    client.cut_off(true);
+    let end = within(fx.ttl() * 2, "the session to end", s.done()).await;
+    assert_eq!(end, SessionEnd::Expired);
+    assert!(
+        observer.time_to_live(lease).await.is_ok(),
+        "the store let the lease go before the session stopped believing in it"
+    );
+}
+
 /// A grant answered late (a stalled etcd, a slow disk): the lease is older than its reply
 /// says. The session must renew before its deadline (counted from the grant's send), not a
 /// renewal period after the reply; and a new session has at least TTL − TTL/3 left.
