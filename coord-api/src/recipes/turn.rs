@@ -31,10 +31,15 @@ impl KeyTurn {
         stop
     }
 
-    /// A writer takes the key over: the clean-up still pending is called off.
-    pub(crate) fn call_off_cleanup(&self) {
-        if let Some(old) = self.lock().take() {
-            old.stop();
+    /// A writer takes the key over: the clean-up still pending is called off. True when one
+    /// was: the key (if it stands) is then the writer's to clean up.
+    pub(crate) fn call_off_cleanup(&self) -> bool {
+        match self.lock().take() {
+            Some(old) => {
+                old.stop();
+                true
+            }
+            None => false,
         }
     }
 

@@ -25,7 +25,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::loss::LossReason;
-use super::session::{CampaignTurn, SessionEnd, SessionHandle, SessionHealth};
+use super::session::{Before, CampaignTurn, SessionEnd, SessionHandle, SessionHealth};
 use super::task::Task;
 use crate::elections::follow::Follow;
 use crate::elections::{self, candidate_key};
@@ -117,7 +117,7 @@ impl Election {
             return Err(self.ended(self.session.done().await));
         }
         // Campaigns on one lease in one election write one key: one at a time.
-        let CampaignTurn { turn, campaign } = self.session.campaign_turn(&self.name).await;
+        let CampaignTurn { turn, campaign, .. } = self.session.campaign_turn(&self.name).await;
         let cleanup = self.session.cleanup(&self.name, campaign);
         let (won, _turn) = tokio::select! {
             biased;
@@ -200,9 +200,15 @@ impl Election {
         turn: CampaignTurn,
     ) -> Result<Option<Leadership>> {
         let lease = self.session.lease();
-        let CampaignTurn { turn, campaign } = turn;
+        let CampaignTurn {
+            turn,
+            campaign,
+            before,
+        } = turn;
         if self.seats > 1 {
-            return self.try_seat(value, prefix, key, turn, campaign).await;
+            return self
+                .try_seat(value, prefix, key, turn, campaign, before)
+                .await;
         }
         // If no candidate exists, put ours; else read the oldest candidate (as etcd's Go
         // TryLock does: a queue of thousands costs one key, not the queue). One transaction,
@@ -241,7 +247,7 @@ impl Election {
                         campaign,
                     );
                 } else {
-                    self.session.give_back(&self.name, campaign);
+                    self.untouched(&key, campaign, before);
                 }
                 return Err(e);
             }
@@ -276,7 +282,7 @@ impl Election {
                 }
                 _ => {
                     // Another leads: nothing written.
-                    self.session.give_back(&self.name, campaign);
+                    self.untouched(&key, campaign, before);
                     return Ok(None);
                 }
             }
@@ -394,6 +400,7 @@ impl Election {
         key: String,
         turn: elections::Turn,
         campaign: u64,
+        before: Before,
     ) -> Result<Option<Leadership>> {
         let lease = self.session.lease();
         let oldest = || {
@@ -427,6 +434,8 @@ impl Election {
             Err(e) => {
                 if e.class() == crate::error::ErrorClass::Indeterminate {
                     self.withdraw(won, campaign);
+                } else {
+                    self.untouched(&won.key, campaign, before);
                 }
                 return Err(e);
             }
@@ -457,7 +466,11 @@ impl Election {
                         elections::proclaim(&*self.store, &won, value).await?;
                     }
                 }
-                None => return Ok(None),
+                None => {
+                    // Queued, not seated: a waiter of this session given up just before.
+                    self.untouched(&won.key, campaign, before);
+                    return Ok(None);
+                }
             }
         }
         self.runway(&won, campaign).await?;
@@ -473,6 +486,26 @@ impl Election {
 
     /// Hands a key this session may have written to the session, which deletes it in the
     /// background unless a newer campaign takes it over.
+    /// A try that ends without a leadership, having written nothing: see
+    /// [`SessionHandle::give_back_untouched`]. A withdrawal its turn called off is handed
+    /// over again, on the try's behalf.
+    fn untouched(&self, key: impl AsRef<[u8]>, campaign: u64, before: Before) {
+        if self
+            .session
+            .give_back_untouched(&self.name, campaign, before)
+        {
+            self.withdraw(
+                LeaderKey {
+                    name: self.name.clone(),
+                    key: Bytes::copy_from_slice(key.as_ref()),
+                    token: Revision::ZERO,
+                    lease: self.session.lease(),
+                },
+                campaign,
+            );
+        }
+    }
+
     fn withdraw(&self, key: LeaderKey, campaign: u64) {
         if let elections::Cleanup::HandOff(withdraw) = self.session.cleanup(&self.name, campaign) {
             withdraw(self.store.clone(), key);

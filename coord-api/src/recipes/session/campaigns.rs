@@ -47,6 +47,18 @@ pub(crate) struct CampaignTurn {
     pub(crate) turn: tokio::sync::OwnedMutexGuard<()>,
     /// The campaign's number in the slot: what its withdrawal or resign is held to.
     pub(crate) campaign: u64,
+    /// What the key stood for before this campaign took its turn, for a campaign that ends
+    /// having written nothing (see [`SessionHandle::give_back`](super::SessionHandle::give_back)).
+    pub(crate) before: Before,
+}
+
+/// The key as a campaign found it when it took its turn.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Before {
+    /// The campaign the key was on behalf of.
+    pub(super) latest: u64,
+    /// Whether a withdrawal of it was pending, which taking the turn called off.
+    pub(super) withdrawal_called_off: bool,
 }
 
 impl CampaignSlot {

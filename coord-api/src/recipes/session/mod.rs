@@ -57,6 +57,7 @@ mod config;
 mod release;
 mod renewer;
 
+pub(crate) use campaigns::Before;
 pub(crate) use campaigns::CampaignTurn;
 use campaigns::{CampaignSlot, LossSignal};
 pub use config::{SessionConfig, SessionEnd, SessionHealth};
@@ -253,13 +254,20 @@ impl SessionHandle {
     /// new campaign takes over (it creates the key or rejoins it), and numbers the campaign.
     pub(crate) async fn campaign_turn(&self, name: &str) -> CampaignTurn {
         let slot = self.slot(name);
-        slot.key.call_off_cleanup();
+        let mut withdrawal_called_off = slot.key.call_off_cleanup();
         let turn = slot.key.turn.clone().lock_owned().await;
         // A campaign that ended while we waited may have handed a withdrawal over since.
-        slot.key.call_off_cleanup();
+        withdrawal_called_off |= slot.key.call_off_cleanup();
         let campaign = slot.numbered.fetch_add(1, Ordering::SeqCst) + 1;
-        slot.latest.send_replace(campaign);
-        CampaignTurn { turn, campaign }
+        let latest = slot.latest.send_replace(campaign);
+        CampaignTurn {
+            turn,
+            campaign,
+            before: Before {
+                latest,
+                withdrawal_called_off,
+            },
+        }
     }
 
     /// Records the leadership `campaign` won in election `name`: while it stands (`lost`
@@ -281,6 +289,36 @@ impl SessionHandle {
     pub(crate) fn give_back(&self, name: &str, campaign: u64) {
         // For its effect alone: nothing is deleted here.
         let _ = self.slot(name).may_delete(campaign);
+    }
+
+    /// A try in election `name` that ended without a leadership, wrote nothing and handed no
+    /// withdrawal over: the key goes back to whom it stood for before the try took its turn.
+    /// An earlier leadership of the session that still stands keeps it (as [`give_back`]);
+    /// else the campaign before the try, whose withdrawal still to come then deletes it
+    /// (a waiter given up just before the try). Without this, that withdrawal would take the
+    /// try for the key's owner and leave the key standing, unbelieved, until the lease ends.
+    ///
+    /// True when the caller must withdraw the key itself: taking the turn called off a
+    /// withdrawal of it still pending, and no earlier leadership stands.
+    ///
+    /// [`give_back`]: Self::give_back
+    #[must_use = "a called-off withdrawal must be handed over again"]
+    pub(crate) fn give_back_untouched(&self, name: &str, campaign: u64, before: Before) -> bool {
+        let slot = self.slot(name);
+        if !slot.may_delete(campaign) {
+            return false;
+        }
+        if before.withdrawal_called_off {
+            return true;
+        }
+        slot.latest.send_if_modified(|latest| {
+            let ours = *latest == campaign;
+            if ours {
+                *latest = before.latest;
+            }
+            ours
+        });
+        false
     }
 
     /// Whether the key of `campaign` in election `name` may be deleted now, by a caller that

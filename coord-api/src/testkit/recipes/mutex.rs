@@ -127,3 +127,30 @@ pub async fn mutex_leave_after_a_dropped_lock_leaves_no_key(fx: &dyn Fixture) {
         "b's key came back after leave returned"
     );
 }
+
+/// A `try_lock` right after the session's own waiter gave up (its key still queued, its
+/// withdrawal not yet through) takes nothing and leaves the withdrawal to happen; see the
+/// semaphore's case of the same name.
+pub async fn mutex_try_behind_its_own_waiter_leaves_the_key_to_it(fx: &dyn Fixture) {
+    let store = fx.store();
+    let (b, a) = (session(fx, &store).await, session(fx, &store).await);
+    let _held = Mutex::new(&b, "lock").lock().await.unwrap();
+    let lock = Mutex::new(&a, "lock");
+    let queued = || async { store.get_prefix("lock/").await.unwrap().count };
+    let waiting = tokio::spawn({
+        let lock = lock.clone();
+        async move { lock.lock().await }
+    });
+    crate::testkit::eventually(PROMPT, "a's waiter to queue", || async {
+        queued().await == 2
+    })
+    .await;
+    waiting.abort();
+    assert!(lock.try_lock().await.unwrap().is_none(), "the lock is held");
+    crate::testkit::eventually(
+        prompt(fx),
+        "the given-up waiter's key withdrawn",
+        || async { queued().await == 1 },
+    )
+    .await;
+}

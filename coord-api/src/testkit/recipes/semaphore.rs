@@ -193,3 +193,42 @@ pub async fn semaphore_release_wakes_only_the_waiter_next_in_line(fx: &dyn Fixtu
         task.abort();
     }
 }
+
+/// A `try_acquire` right after the session's own waiter gave up (its key still queued, its
+/// withdrawal not yet through) takes nothing and leaves the withdrawal to happen. A try that
+/// called the withdrawal off, or kept the key's turn, left the key queued, unbelieved, until
+/// the lease ended, and a seat that reached it went unused.
+pub async fn semaphore_try_behind_its_own_waiter_leaves_the_key_to_it(fx: &dyn Fixture) {
+    let store = fx.store();
+    let (b, c, a) = (
+        session(fx, &store).await,
+        session(fx, &store).await,
+        session(fx, &store).await,
+    );
+    let _held = (
+        Semaphore::new(&b, SEM, 2).acquire().await.unwrap(),
+        Semaphore::new(&c, SEM, 2).acquire().await.unwrap(),
+    );
+    let sem = Semaphore::new(&a, SEM, 2);
+    let waiting = tokio::spawn({
+        let sem = sem.clone();
+        async move { sem.acquire().await }
+    });
+    eventually(PROMPT, "a's waiter to queue", || async {
+        queued(&store).await == 3
+    })
+    .await;
+    // Given up, and tried again at once: the try waits for the session's turn, which the
+    // waiter's end hands it before its withdrawal's.
+    waiting.abort();
+    assert!(
+        sem.try_acquire().await.unwrap().is_none(),
+        "no seat is free"
+    );
+    eventually(
+        prompt(fx),
+        "the given-up waiter's key withdrawn",
+        || async { queued(&store).await == 2 },
+    )
+    .await;
+}
