@@ -169,6 +169,12 @@ impl Term {
 pub enum CandidateStatus {
     /// Campaigning (or resting between terms).
     Campaigning,
+    /// Campaigns are failing (the store unreachable, the session lost while queued): the
+    /// candidate campaigns again after each backoff delay, and says so here until one wins.
+    Retrying {
+        /// Failed campaigns since the last one that won (from 1).
+        attempt: u32,
+    },
     /// Leading, in the term with this token.
     Leading {
         /// The term's fencing token.
@@ -341,6 +347,7 @@ where
     loop {
         let campaigned = {
             let (pool, config, cancel) = (&pool, &config, &cancel);
+            let status = &status;
             retry::until(&mut backoff, cancel.stopped(), move |attempt| async move {
                 let won = tokio::select! {
                     biased;
@@ -362,6 +369,7 @@ where
                             attempt,
                             "campaign failed; campaigning again"
                         );
+                        status.send_replace(CandidateStatus::Retrying { attempt });
                         ControlFlow::Continue(())
                     }
                 }

@@ -22,7 +22,34 @@ use super::session::{release_lease_then, Session, SessionConfig, SessionEnd, Ses
 use super::turn::KeyTurn;
 use crate::error::{Error, Result};
 use crate::store::DynKvLeaseStore;
+use crate::sync::watch;
 use crate::types::LeaseId;
+
+/// Where a [`HostSession`]'s lease stands: what [`HostSession::subscribe`] reports, changed the
+/// moment the lease's session begins or ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HostLease {
+    /// No lease yet: none was asked for.
+    None,
+    /// The live lease, the `generation`-th granted (from 1).
+    Live {
+        /// The lease.
+        lease: LeaseId,
+        /// How many leases the host session has granted, this one included.
+        generation: u64,
+    },
+    /// The last lease's session ended, and none replaces it yet (the next recipe that needs
+    /// one grants it).
+    Ended {
+        /// The lease.
+        lease: LeaseId,
+        /// How it ended: its deadline passed, or the store said it is gone.
+        end: SessionEnd,
+    },
+    /// The host session was stopped: it grants no more.
+    Stopped,
+}
 
 /// How many sessions a [`HostSession`] has granted, and how many it found dead and replaced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -82,6 +109,8 @@ struct Inner {
     stopped: AtomicBool,
     granted: AtomicU64,
     replaced: AtomicU64,
+    /// Where the lease stands, for [`HostSession::subscribe`].
+    lifecycle: watch::Sender<HostLease>,
 }
 
 #[derive(Debug)]
@@ -114,6 +143,7 @@ impl HostSession {
                 stopped: AtomicBool::new(false),
                 granted: AtomicU64::new(0),
                 replaced: AtomicU64::new(0),
+                lifecycle: watch::Sender::new(HostLease::None),
             }),
         }
     }
@@ -150,19 +180,28 @@ impl HostSession {
         }
         let session =
             Arc::new(Session::new(self.inner.store.clone(), self.inner.config.clone()).await?);
-        self.inner.granted.fetch_add(1, Ordering::Relaxed);
+        let generation = self.inner.granted.fetch_add(1, Ordering::Relaxed) + 1;
         let handle = session.handle();
         *lock(&self.inner.latest) = Some(handle.clone());
+        tracing::info!(lease_id = %handle.lease(), generation, "the host's lease granted");
+        self.inner.lifecycle.send_replace(HostLease::Live {
+            lease: handle.lease(),
+            generation,
+        });
         // When it ends at its deadline, what it leaves behind is released (see `abandon`)
         // even if nobody asks for a new session.
         let host = Arc::downgrade(&self.inner);
         let watched = handle.clone();
         tokio::spawn(
             async move {
-                if watched.done().await == SessionEnd::Expired {
-                    if let Some(inner) = host.upgrade() {
-                        HostSession { inner }.expired(&watched).await;
-                    }
+                let end = watched.done().await;
+                let Some(inner) = host.upgrade() else {
+                    return;
+                };
+                let host = HostSession { inner };
+                host.ended(watched.lease(), end);
+                if end == SessionEnd::Expired {
+                    host.expired(&watched).await;
                 }
             }
             .in_current_span(),
@@ -174,6 +213,25 @@ impl HostSession {
     /// The live session, if there is one, without granting.
     pub fn current(&self) -> Option<SessionHandle> {
         lock(&self.inner.latest).clone().filter(|s| !s.is_done())
+    }
+
+    /// Where the lease stands, now and at every change: granted, ended (and why), stopped.
+    /// The receiver is coord's own `watch` ([`crate::sync::watch`]): `get()` for now,
+    /// `changed().await` for the next change, `wait_for` for a condition.
+    pub fn subscribe(&self) -> watch::Receiver<HostLease> {
+        self.inner.lifecycle.subscribe()
+    }
+
+    /// The live lease's session ended: said at once, unless a newer lease or the stop was
+    /// said since.
+    fn ended(&self, lease: LeaseId, end: SessionEnd) {
+        self.inner.lifecycle.send_if_modified(|now| match *now {
+            HostLease::Live { lease: live, .. } if live == lease => {
+                *now = HostLease::Ended { lease, end };
+                true
+            }
+            _ => false,
+        });
     }
 
     /// Sessions granted and replaced.
@@ -251,6 +309,7 @@ impl HostSession {
                 tracing::warn!(lease_id = %lease, "the host's lease is gone; replacing it");
                 self.inner.replaced.fetch_add(1, Ordering::Relaxed);
                 s.end(SessionEnd::LeaseLost);
+                self.ended(lease, SessionEnd::LeaseLost);
             }
         }
     }
@@ -308,6 +367,7 @@ impl HostSession {
     /// retried in the background until it lands.
     pub async fn stop(self) -> Result<()> {
         self.inner.stopped.store(true, Ordering::SeqCst);
+        self.inner.lifecycle.send_replace(HostLease::Stopped);
         let current = self.inner.current.lock().await.take();
         let abandoned: Vec<LeaseId> = lock(&self.inner.abandoned)
             .drain(..)

@@ -48,7 +48,7 @@ pub use discover::discover;
 pub use election::{Election, Fence, Leadership};
 pub use handle::Handle;
 pub use hold::HeldKey;
-pub use host::{HostSession, HostSessionStats};
+pub use host::{HostLease, HostSession, HostSessionStats};
 pub use loss::LossReason;
 pub use mutex::{Mutex, MutexGuard};
 pub use pool::{ElectionPool, PoolStats};

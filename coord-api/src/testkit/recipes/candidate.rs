@@ -319,3 +319,34 @@ pub async fn a_candidate_rests_between_terms_and_counts_them(fx: &dyn Fixture) {
         Err(Error::NoLeader { .. })
     ));
 }
+
+/// A candidate whose campaigns fail says so ([`CandidateStatus::Retrying`]) rather than only
+/// logging it, and leads once the store answers again.
+pub async fn a_candidate_whose_campaigns_fail_says_so(fx: &dyn Fixture) {
+    let client = fx.client().await;
+    client.cut_off(true);
+    let pool = ElectionPool::new(
+        client.store.clone(),
+        SessionConfig::default().with_ttl(fx.ttl()),
+    );
+    let c = Candidate::spawn(
+        &pool,
+        CandidateConfig::new("jobs", "c"),
+        |term: Term| async move {
+            term.over().await;
+        },
+    );
+    let mut status = c.subscribe();
+    // A campaign fails once its grant goes unanswered for the request timeout.
+    within(
+        fx.request_timeout() * 2 + prompt(fx),
+        "the failing campaigns reported",
+        status.wait_for(|s| matches!(s, CandidateStatus::Retrying { attempt } if *attempt >= 1)),
+    )
+    .await
+    .unwrap();
+    client.cut_off(false);
+    leading(&c, fx.request_timeout() * 2 + fx.ttl() * 2).await;
+    c.stop().await.unwrap();
+    pool.stop().await.unwrap();
+}

@@ -248,3 +248,53 @@ pub async fn a_registration_on_a_host_session_refuses_a_ttl_of_its_own(fx: &dyn 
     r.stop().await.unwrap();
     host.stop().await.unwrap();
 }
+
+/// A host session says where its lease stands the moment that changes: granted, ended by the
+/// store (with why), granted again for the recipes that heal onto it, stopped.
+pub async fn a_host_session_reports_its_lease_as_it_changes(fx: &dyn Fixture) {
+    use crate::recipes::{HostLease, SessionEnd};
+    let store = fx.store();
+    let host = HostSession::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()));
+    let mut lease = host.subscribe();
+    assert_eq!(lease.get(), HostLease::None, "nothing asked for yet");
+    let r = HostRegistration::start_on(&host, reg_on("hosts/a", "m"))
+        .await
+        .unwrap();
+    let first = r.lease_id();
+    assert_eq!(
+        lease.get(),
+        HostLease::Live {
+            lease: first,
+            generation: 1
+        }
+    );
+    store.revoke(first).await.unwrap();
+    let seen = within(
+        prompt(fx),
+        "the lease reported ended",
+        lease.wait_for(|l| !matches!(l, HostLease::Live { generation: 1, .. })),
+    )
+    .await
+    .unwrap();
+    assert!(
+        seen == HostLease::Ended {
+            lease: first,
+            end: SessionEnd::LeaseLost
+        } || matches!(seen, HostLease::Live { generation: 2, .. }),
+        "the revoked lease is reported lost (or already replaced): {seen:?}"
+    );
+    within(
+        fx.ttl(),
+        "the registration's heal onto a new lease",
+        lease.wait_for(|l| matches!(l, HostLease::Live { generation: 2, .. })),
+    )
+    .await
+    .unwrap();
+    let HostLease::Live { lease: second, .. } = lease.get() else {
+        unreachable!()
+    };
+    assert_ne!(second, first);
+    r.stop().await.unwrap();
+    host.stop().await.unwrap();
+    assert_eq!(lease.get(), HostLease::Stopped);
+}
