@@ -287,15 +287,7 @@ impl Election {
                 }
             }
         };
-        self.runway(&won, campaign).await?;
-        tracing::info!(election = %self.name, token = %won.token, "leadership acquired (try)");
-        Ok(Some(Leadership::new(
-            self.store.clone(),
-            self.session.clone(),
-            won,
-            campaign,
-            self.held.clone(),
-        )))
+        self.won_try(won, campaign, "leadership").await
     }
 
     /// Takes this session's key out of the election, waiting or leading, once any campaign
@@ -473,8 +465,18 @@ impl Election {
                 }
             }
         }
+        self.won_try(won, campaign, "seat").await
+    }
+
+    /// A try that won (a leadership or a seat): the runway, then the handle.
+    async fn won_try(
+        &self,
+        won: LeaderKey,
+        campaign: u64,
+        what: &'static str,
+    ) -> Result<Option<Leadership>> {
         self.runway(&won, campaign).await?;
-        tracing::info!(election = %self.name, token = %won.token, "seat acquired (try)");
+        tracing::info!(election = %self.name, token = %won.token, what, "acquired by a try");
         Ok(Some(Leadership::new(
             self.store.clone(),
             self.session.clone(),
@@ -484,8 +486,6 @@ impl Election {
         )))
     }
 
-    /// Hands a key this session may have written to the session, which deletes it in the
-    /// background unless a newer campaign takes it over.
     /// A try that ends without a leadership, having written nothing: see
     /// [`SessionHandle::give_back_untouched`]. A withdrawal its turn called off is handed
     /// over again, on the try's behalf.
@@ -506,6 +506,8 @@ impl Election {
         }
     }
 
+    /// Hands a key this session may have written to the session, which deletes it in the
+    /// background unless a newer campaign takes it over.
     fn withdraw(&self, key: LeaderKey, campaign: u64) {
         if let elections::Cleanup::HandOff(withdraw) = self.session.cleanup(&self.name, campaign) {
             withdraw(self.store.clone(), key);
