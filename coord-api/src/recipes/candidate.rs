@@ -21,7 +21,7 @@
 //!   resigns: the next leader need not wait for a TTL.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -114,6 +114,7 @@ pub struct Term {
     key: LeaderKey,
     fence: Fence,
     over: Stop,
+    end: Arc<OnceLock<TermEnd>>,
 }
 
 impl Term {
@@ -156,10 +157,17 @@ impl Term {
         self.over.is_stopped()
     }
 
-    /// Why the leadership was lost, if it was: `None` while it leads, and for a term handed
-    /// over or stepped down before its deadline (its key stood until the resignation).
+    /// Why the leadership was lost, if it was: `None` while it leads, and for a term that
+    /// ended otherwise (stepped down, handed over, stopped: [`end`](Self::end) tells them
+    /// apart). Set the moment the fence knows, which may be before the term is over.
     pub fn loss(&self) -> Option<LossReason> {
         self.fence.loss().filter(|l| *l != LossReason::Resigned)
+    }
+
+    /// How the term ended: `None` until it is over (set before [`over`](Self::over)
+    /// resolves, so that a work told its term is over can read why).
+    pub fn end(&self) -> Option<TermEnd> {
+        self.end.get().copied()
     }
 }
 
@@ -282,25 +290,29 @@ impl Candidate {
     }
 }
 
-/// How a term ended.
-enum End {
-    /// The leadership was lost.
+/// How a [`Term`] ended: [`Term::end`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TermEnd {
+    /// The leadership was lost: the store ended it, or this process's view of it (the
+    /// session's deadline passed).
     Lost(LossReason),
-    /// Renewals stopped working: less than the grace was left before the deadline.
+    /// Renewals stopped working and less than the grace was left before the deadline: the
+    /// term stepped down, its key standing until the resignation (or its lease) removed it.
     SteppedDown,
-    /// The work returned: hand over.
-    Returned,
-    /// The candidate is stopping.
-    Stopping,
+    /// The work returned: the leadership was handed over.
+    WorkReturned,
+    /// The candidate was stopped.
+    Stopped,
 }
 
-impl End {
+impl TermEnd {
     fn describe(&self) -> &'static str {
         match self {
-            End::Lost(_) => "lost",
-            End::SteppedDown => "stepped down before the deadline",
-            End::Returned => "work returned",
-            End::Stopping => "candidate stopping",
+            TermEnd::Lost(_) => "lost",
+            TermEnd::SteppedDown => "stepped down before the deadline",
+            TermEnd::WorkReturned => "work returned",
+            TermEnd::Stopped => "candidate stopping",
         }
     }
 }
@@ -385,8 +397,8 @@ where
         let end = term(&config, leadership, terms, &mut work, &cancel, status).await;
         status.send_replace(CandidateStatus::Campaigning);
         let standing = match end {
-            TermEnd::Stopped(result) => return result,
-            TermEnd::Over(standing) => standing,
+            Outcome::Stopped(result) => return result,
+            Outcome::Over(standing) => standing,
         };
         tokio::select! {
             biased;
@@ -405,7 +417,7 @@ where
     }
 }
 
-enum TermEnd {
+enum Outcome {
     /// The candidate stopped during the term; the resignation's result.
     Stopped(Result<()>),
     /// The term is over; campaign again. Holds the key when it may still stand (its
@@ -422,18 +434,20 @@ async fn term<W, F>(
     work: &mut W,
     cancel: &Stop,
     status: &watch::Sender<CandidateStatus>,
-) -> TermEnd
+) -> Outcome
 where
     W: FnMut(Term) -> F,
     F: Future<Output = ()> + Send + 'static,
 {
     let token = leadership.token();
     let over = Stop::new();
+    let ended = Arc::new(OnceLock::new());
     let t = Term {
         number,
         key: leadership.key().clone(),
         fence: leadership.fence(),
         over: over.clone(),
+        end: ended.clone(),
     };
     status.send_replace(CandidateStatus::Leading { token });
     tracing::info!(token = %token, term = number, "term started");
@@ -443,23 +457,24 @@ where
     let mut running = Box::pin(work(t));
     let end = tokio::select! {
         biased;
-        _ = cancel.stopped() => End::Stopping,
-        why = leadership.lost() => End::Lost(why),
-        () = step_down(&leadership, grace) => End::SteppedDown,
-        () = &mut running => End::Returned,
+        _ = cancel.stopped() => TermEnd::Stopped,
+        why = leadership.lost() => TermEnd::Lost(why),
+        () = step_down(&leadership, grace) => TermEnd::SteppedDown,
+        () = &mut running => TermEnd::WorkReturned,
     };
     // The status is trusted like the fence: it stops saying Leading now, before the work is
     // told and wound down (its grace) and before the resignation, so a service guarding work
     // with `is_leader()` never sees two leaders at once.
     status.send_replace(CandidateStatus::Campaigning);
+    let _ = ended.set(end);
     over.stop();
-    if !matches!(end, End::Returned) {
+    if !matches!(end, TermEnd::WorkReturned) {
         // The work has its grace, and never past the deadline: the store may elect someone
         // else from then on.
         let until = (Instant::now() + grace).min(leadership.deadline());
         if crate::hooks::planted::enabled(crate::hooks::planted::Bug::CandidateSkipsWorkWait) {
             tokio::spawn(running);
-        } else if matches!(end, End::Stopping)
+        } else if matches!(end, TermEnd::Stopped)
             && crate::hooks::planted::enabled(
                 crate::hooks::planted::Bug::CandidateStopWaitsOutItsWork,
             )
@@ -470,46 +485,46 @@ where
         }
     }
     match end {
-        End::Lost(why) => {
+        TermEnd::Lost(why) => {
             tracing::info!(token = %token, reason = %why, "term lost");
             if store_ended_key(why) {
                 if cancel.is_stopped() {
-                    TermEnd::Stopped(Ok(()))
+                    Outcome::Stopped(Ok(()))
                 } else {
-                    TermEnd::Over(None)
+                    Outcome::Over(None)
                 }
             } else if !cancel.is_stopped() {
-                TermEnd::Over(Some(leadership.unresigned()))
+                Outcome::Over(Some(leadership.unresigned()))
             } else {
                 // Only this process's view of the leadership ended: the key may stand (a
                 // restarted store renews every lease), so the stop is clean only once the
                 // resignation deleted it.
-                TermEnd::Stopped(leadership.resign().await)
+                Outcome::Stopped(leadership.resign().await)
             }
         }
-        End::SteppedDown => {
+        TermEnd::SteppedDown => {
             // The store is likely out of reach: the resignation is a courtesy to the next
             // leader, and the key goes with the lease otherwise.
             let asked_before = cancel.is_stopped();
             let mut resigned = leadership.hand_over().await;
             tracing::info!(token = %token, resigned = resigned.is_ok(), "stepped down before the deadline");
             if !cancel.is_stopped() {
-                return TermEnd::Over(resigned.is_err().then(|| leadership.unresigned()));
+                return Outcome::Over(resigned.is_err().then(|| leadership.unresigned()));
             }
             // A stop asked for meanwhile wants the key gone, and says whether it is: the
             // store may answer again by now (the failed resignation was sent before it).
             if resigned.is_err() && !asked_before {
                 resigned = leadership.hand_over().await;
             }
-            TermEnd::Stopped(resigned)
+            Outcome::Stopped(resigned)
         }
-        End::Returned | End::Stopping => {
+        TermEnd::WorkReturned | TermEnd::Stopped => {
             let resigned = leadership.hand_over().await;
             tracing::info!(token = %token, how = end.describe(), resigned = resigned.is_ok(), "term over");
             if cancel.is_stopped() {
-                TermEnd::Stopped(resigned)
+                Outcome::Stopped(resigned)
             } else {
-                TermEnd::Over(resigned.is_err().then(|| leadership.unresigned()))
+                Outcome::Over(resigned.is_err().then(|| leadership.unresigned()))
             }
         }
     }

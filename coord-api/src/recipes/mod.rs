@@ -42,7 +42,7 @@ mod turn;
 pub mod typed;
 mod watcher;
 
-pub use candidate::{Candidate, CandidateConfig, CandidateStatus, Term};
+pub use candidate::{Candidate, CandidateConfig, CandidateStatus, Term, TermEnd};
 #[cfg(feature = "tower")]
 pub use discover::discover;
 pub use election::{Election, Fence, Leadership};

@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::recipes::{
-    Candidate, CandidateConfig, CandidateStatus, ElectionPool, SessionConfig, Term,
+    Candidate, CandidateConfig, CandidateStatus, ElectionPool, LossReason, SessionConfig, Term,
+    TermEnd,
 };
 use crate::testkit::{eventually, within};
 use crate::{Error, KvLeaseStore, KvLeaseStoreExt};
@@ -348,5 +349,62 @@ pub async fn a_candidate_whose_campaigns_fail_says_so(fx: &dyn Fixture) {
     client.cut_off(false);
     leading(&c, fx.request_timeout() * 2 + fx.ttl() * 2).await;
     c.stop().await.unwrap();
+    pool.stop().await.unwrap();
+}
+
+pub async fn a_term_says_how_it_ended(fx: &dyn Fixture) {
+    let store = fx.store();
+    let pool = ElectionPool::new(store.clone(), SessionConfig::default().with_ttl(fx.ttl()));
+    // What each term's work saw when it was told its term was over (the second term's work
+    // returns of its own accord, and is read after).
+    let (ends_tx, mut ends) = tokio::sync::mpsc::unbounded_channel();
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel();
+    let work = move |term: Term| {
+        let (ends_tx, started_tx) = (ends_tx.clone(), started_tx.clone());
+        async move {
+            let _ = started_tx.send(term.clone());
+            if term.number() == 2 {
+                let _ = ends_tx.send((term.clone(), None));
+                return;
+            }
+            term.over().await;
+            let _ = ends_tx.send((term.clone(), Some(term.end())));
+        }
+    };
+    let config = CandidateConfig::new("jobs", "a").with_rest(Duration::from_millis(100));
+    let a = Candidate::spawn(&pool, config, work);
+    leading(&a, prompt(fx)).await;
+    let running = started.recv().await.unwrap();
+    assert_eq!(running.end(), None, "a term in force has not ended");
+    let leader = store.leader("jobs").await.unwrap();
+    store
+        .delete(crate::DeleteRequest::key(leader.key))
+        .await
+        .unwrap();
+    let (first, seen) = within(prompt(fx), "the first term to end", ends.recv())
+        .await
+        .unwrap();
+    assert_eq!(first.number(), 1);
+    assert_eq!(
+        seen,
+        Some(Some(TermEnd::Lost(LossReason::KeyDeleted))),
+        "the work, told its term is over, reads why"
+    );
+    assert_eq!(first.loss(), Some(LossReason::KeyDeleted));
+    let (second, _) = within(fx.ttl() + prompt(fx), "the second term", ends.recv())
+        .await
+        .unwrap();
+    within(prompt(fx), "the second term to end", second.over()).await;
+    assert_eq!(second.end(), Some(TermEnd::WorkReturned));
+    assert_eq!(second.loss(), None, "handed over, not lost");
+    // The status left Leading before the second term's `over` resolved.
+    leading(&a, fx.ttl() + prompt(fx)).await;
+    a.stop().await.unwrap();
+    let (third, seen) = within(prompt(fx), "the third term's end", ends.recv())
+        .await
+        .unwrap();
+    assert_eq!(third.number(), 3);
+    assert_eq!(seen, Some(Some(TermEnd::Stopped)));
+    assert_eq!(third.loss(), None, "stopped, not lost");
     pool.stop().await.unwrap();
 }

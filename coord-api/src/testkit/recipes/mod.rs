@@ -94,6 +94,7 @@ macro_rules! recipe_tests {
             handles::every_handle_dropped_leaves_what_the_table_says,
             candidate::a_candidate_hands_over_only_once_its_work_stopped,
             candidate::a_candidate_whose_campaigns_fail_says_so,
+            candidate::a_term_says_how_it_ended,
             candidate::a_cut_off_candidate_stops_its_work_before_anyone_else_leads,
             candidate::a_candidate_stopped_while_cut_off_reports_its_key_left,
             candidate::a_candidate_stopped_resting_after_a_failed_resignation_resigns,
