@@ -63,8 +63,9 @@ pub(crate) trait World {
     fn recover(&mut self, node: usize);
     /// Restarts the node gracefully: a new incarnation, then the old one stops.
     fn rolling_restart(&mut self, node: usize);
-    /// Asks the node to stop one of its parts for a while.
-    fn stop_part(&mut self, node: usize, request: PartStopRequest);
+    /// Asks the node to stop one of its parts for a while; whether the request reached a
+    /// service that takes them (it acts).
+    fn stop_part(&mut self, node: usize, request: PartStopRequest) -> bool;
     /// How many etcd members serve the store (1: one store, no member faults).
     fn members(&self) -> usize;
     /// Kills member `member`, or starts it again.
@@ -206,6 +207,19 @@ impl Driver {
                 world.hold_first_writer(f, true);
                 return;
             }
+            if f.kind == FaultKind::Stop {
+                // The part's stop and restart are the service's own, told by one request:
+                // recorded only if a service takes it. Nothing for the driver to undo.
+                let request = PartStopRequest {
+                    pick: f.pick,
+                    length: f.length,
+                };
+                if world.stop_part(f.node, request) {
+                    world.record(Happening::FaultStart(f.clone()));
+                    self.acting.insert(f.clone());
+                }
+                return;
+            }
             if matches!(f.kind, FaultKind::Revoke | FaultKind::Delete) {
                 // Recorded by the world as it acts: there may be no key to act on.
                 world.operator(f);
@@ -287,13 +301,8 @@ impl Driver {
                 }
             }
             FaultKind::Restart => w.rolling_restart(n),
-            FaultKind::Stop => w.stop_part(
-                n,
-                PartStopRequest {
-                    pick: f.pick,
-                    length: f.length,
-                },
-            ),
+            // Sent, and recorded as it acts, by `apply`.
+            FaultKind::Stop => {}
             FaultKind::MemberCrash
             | FaultKind::MemberIsolation
             | FaultKind::LeaderCrash
@@ -418,7 +427,9 @@ mod tests {
         fn crash(&mut self, _: usize) {}
         fn recover(&mut self, _: usize) {}
         fn rolling_restart(&mut self, _: usize) {}
-        fn stop_part(&mut self, _: usize, _: PartStopRequest) {}
+        fn stop_part(&mut self, _: usize, _: PartStopRequest) -> bool {
+            true
+        }
         fn members(&self) -> usize {
             1
         }

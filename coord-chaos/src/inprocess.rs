@@ -407,8 +407,8 @@ impl World for InProcess {
         tokio::spawn(self.clone().rolling_restart(n));
     }
 
-    fn stop_part(&mut self, n: usize, request: PartStopRequest) {
-        let _ = self.slots()[n].control.part_stops.send(request);
+    fn stop_part(&mut self, n: usize, request: PartStopRequest) -> bool {
+        self.slots()[n].control.part_stops.send(request)
     }
 
     // One store, no members: member faults are never drawn in-process.

@@ -30,9 +30,25 @@
 //! (the run's summary counts only the faults that acted). The crate's `job_scheduler` example is a complete one, with a
 //! planted bug the checkers catch.
 //!
+//! A node's duties, beside its work:
+//!
+//! * **Timings from the scenario.** Build sessions, registrations and candidates from
+//!   [`Scenario::session_config`], [`Scenario::registration_config`] and
+//!   [`Scenario::candidate_config`]: the checkers draw their bounds from the scenario, so a
+//!   service on other timings is held to bounds that are not its own.
+//! * **Say when it is up**: [`Node::ready`], once it serves. A rolling restart stops the old
+//!   incarnation then (after 2 TTL without it).
+//! * **Stop a part when asked**: take [`Node::take_part_stops`], and for each
+//!   [`PartStopRequest`] stop one part gracefully and start it again after its length. A
+//!   service that never takes them gets no `stop` faults.
+//!
+//! An invariant of your own reads the run through [`Run`]: the store's [commits](Run::commits)
+//! and who made them, [the keys under a prefix at an instant](Run::keys_at), your nodes'
+//! [notes](Run::notes) and leaderships, and the faults.
+//!
 //! ```
 //! use std::sync::Arc;
-//! use coord_api::recipes::{Election, Session, SessionConfig};
+//! use coord_api::recipes::{Election, Session};
 //! use coord_chaos::{Node, Runner, Scenario, Service};
 //! use futures::future::BoxFuture;
 //!
@@ -47,9 +63,9 @@
 //!
 //!     fn run(&self, node: Node) -> BoxFuture<'static, ()> {
 //!         Box::pin(async move {
-//!             let ttl = node.scenario().ttl;
+//!             node.ready();
 //!             while !node.is_stopping() {
-//!                 let Ok(session) = Session::new(node.store().clone(), SessionConfig::default().with_ttl(ttl)).await
+//!                 let Ok(session) = Session::new(node.store().clone(), node.scenario().session_config()).await
 //!                 else { continue };
 //!                 if let Ok(lead) = Election::new(&session, "leader").campaign(node.who().to_string()).await {
 //!                     node.leader_start("leader", lead.token());

@@ -5,6 +5,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use coord_api::recipes::{CandidateConfig, RegistrationConfig, SessionConfig};
+use coord_api::Bytes;
+
 use crate::fault::FaultKind;
 
 /// A scenario: what a run simulates, once per seed.
@@ -107,6 +110,44 @@ impl Scenario {
     /// The heal instant: every fault is over by then.
     pub fn heal_at(&self) -> Duration {
         self.duration.saturating_sub(self.quiet())
+    }
+
+    /// The session settings that match this scenario: its TTL and renewal period. Build a
+    /// service's sessions from it (and its registrations and candidates from the two calls
+    /// below): the checkers' bounds are drawn from the scenario, so a service running other
+    /// timings is held to bounds that are not its own.
+    ///
+    /// ```
+    /// let scenario = coord_chaos::Scenario::defaults();
+    /// assert_eq!(scenario.session_config().ttl, scenario.ttl);
+    /// ```
+    pub fn session_config(&self) -> SessionConfig {
+        let config = SessionConfig::default().with_ttl(self.ttl);
+        match self.renew_interval {
+            Some(every) => config.with_renew_interval(every),
+            None => config,
+        }
+    }
+
+    /// A registration of `key` with this scenario's re-grant backoff
+    /// ([`initial_backoff`](Self::initial_backoff) to [`max_backoff`](Self::max_backoff), the B
+    /// of the registration and quiet-phase bounds). Its TTL is its session's.
+    pub fn registration_config(
+        &self,
+        key: impl Into<String>,
+        metadata: impl Into<Bytes>,
+    ) -> RegistrationConfig {
+        RegistrationConfig::new(key, metadata).with_backoff(self.initial_backoff, self.max_backoff)
+    }
+
+    /// A candidate for `election` with this scenario's campaign backoff (the B of the
+    /// failover bound).
+    pub fn candidate_config(
+        &self,
+        election: impl Into<String>,
+        value: impl Into<Bytes>,
+    ) -> CandidateConfig {
+        CandidateConfig::new(election, value).with_backoff(self.initial_backoff, self.max_backoff)
     }
 
     /// The largest round trip a healthy call takes.

@@ -1,5 +1,6 @@
 //! Your service under chaos: what a node of it runs, and what it gets from the run.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -47,9 +48,16 @@ pub trait Service: Send + Sync + 'static {
     }
 }
 
-/// A request to stop one part of a node for a while (the `stop` fault kind). What a part is
-/// is the service's business: coord's nodes pick their registration, their election pool or a
-/// leadership from `pick`.
+/// A request to stop one part of a node for a while (the `stop` fault kind): the stops a real
+/// process makes of its own accord (a component restarted, a leadership handed over, a
+/// worker recycled), at moments the seed draws.
+///
+/// What a part is, is the service's business: take the requests with
+/// [`Node::take_part_stops`], choose a part from `pick` (`pick % parts`), stop it the way the
+/// service would (a graceful stop: resign, release, deregister), and start it again after
+/// `length`. coord's own nodes pick their registration, their election pool or one
+/// leadership. A service that never takes them gets no `stop` faults, and the run's summary
+/// counts none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PartStopRequest {
     /// A number to pick the part with.
@@ -75,6 +83,7 @@ struct Inner {
     stop: Stop,
     ready: watch::Sender<bool>,
     part_stops: Mutex<Option<mpsc::UnboundedReceiver<PartStopRequest>>>,
+    part_stops_taken: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Node {
@@ -114,7 +123,21 @@ pub(crate) async fn run_node(service: Arc<dyn Service>, node: Node) {
 pub(crate) struct NodeControl {
     pub(crate) stop: Stop,
     pub(crate) ready: watch::Receiver<bool>,
-    pub(crate) part_stops: mpsc::UnboundedSender<PartStopRequest>,
+    pub(crate) part_stops: PartStops,
+}
+
+/// Where a world sends an incarnation its part-stop requests.
+#[derive(Clone)]
+pub(crate) struct PartStops {
+    tx: mpsc::UnboundedSender<PartStopRequest>,
+    taken: Arc<AtomicBool>,
+}
+
+impl PartStops {
+    /// Sends `request`; whether it reached a service that takes part stops (it acts).
+    pub(crate) fn send(&self, request: PartStopRequest) -> bool {
+        self.taken.load(Ordering::Acquire) && self.tx.send(request).is_ok()
+    }
 }
 
 impl Node {
@@ -129,6 +152,7 @@ impl Node {
     ) -> (Node, NodeControl) {
         let (ready, ready_rx) = watch::channel(false);
         let (parts_tx, parts) = mpsc::unbounded_channel();
+        let taken = Arc::new(AtomicBool::new(false));
         let stop = Stop::new();
         let node = Node {
             inner: Arc::new(Inner {
@@ -141,12 +165,16 @@ impl Node {
                 stop: stop.clone(),
                 ready,
                 part_stops: Mutex::new(Some(parts)),
+                part_stops_taken: taken.clone(),
             }),
         };
         let control = NodeControl {
             stop,
             ready: ready_rx,
-            part_stops: parts_tx,
+            part_stops: PartStops {
+                tx: parts_tx,
+                taken,
+            },
         };
         (node, control)
     }
@@ -268,19 +296,32 @@ impl Node {
         let _ = paused.wait_for(|p| !*p).await;
     }
 
-    /// Tells a rolling restart that this incarnation is up (the old one is stopped then).
+    /// Tells a rolling restart that this incarnation is up, so that the old one is stopped
+    /// now.
+    ///
+    /// A rolling restart (the `restart` fault) starts the new incarnation beside the old one
+    /// and stops the old one when the new one says it is ready, as an orchestrator waits for
+    /// a readiness probe; call it once the node serves (its session granted, its
+    /// registration up). A node that never calls it is stopped after 2 TTL all the same, so
+    /// restarts then overlap for that long.
     pub fn ready(&self) {
         self.inner.ready.send_replace(true);
     }
 
-    /// The requests to stop one of its parts for a while (the `stop` fault kind); `None`
-    /// after the first call.
+    /// The requests to stop one of this incarnation's parts for a while (the `stop` fault
+    /// kind; see [`PartStopRequest`] for what to do with them); `None` after the first call.
+    /// Until a node takes them, it gets none.
     pub fn take_part_stops(&self) -> Option<mpsc::UnboundedReceiver<PartStopRequest>> {
-        self.inner
+        let taken = self
+            .inner
             .part_stops
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .take()
+            .take();
+        if taken.is_some() {
+            self.inner.part_stops_taken.store(true, Ordering::Release);
+        }
+        taken
     }
 }
 

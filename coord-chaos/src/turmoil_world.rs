@@ -16,7 +16,6 @@ use coord_api::sync::watch;
 use coord_etcd::{EtcdConfig, EtcdStore, MemberChannel};
 use coord_sim::grpc::{channel, Clients, SimCluster, ETCD_PORT};
 use coord_sim::{CompactionTask, SimConfig, SimStore};
-use tokio::sync::mpsc;
 
 use crate::driver::{actions, Driver, World};
 use crate::fault::{Fault, FaultKind};
@@ -24,7 +23,7 @@ use crate::history::{Happening, History, Incarnation};
 use crate::inprocess::operate;
 use crate::recorder::Recorder;
 use crate::scenario::Scenario;
-use crate::service::{Node, PartStopRequest, Service};
+use crate::service::{self, Node, PartStopRequest, Service};
 
 /// Whether a turmoil run can inject `kind` (a rolling restart needs two incarnations of one
 /// host at once, which a turmoil host cannot be).
@@ -38,7 +37,7 @@ pub fn turmoil_fault_kinds() -> impl Iterator<Item = FaultKind> {
 }
 
 /// Per node: the live incarnation's way to ask for a part stop.
-type PartStops = Arc<Mutex<BTreeMap<usize, mpsc::UnboundedSender<PartStopRequest>>>>;
+type PartStops = Arc<Mutex<BTreeMap<usize, service::PartStops>>>;
 
 /// Per node: the reply latency its link is under, which a new incarnation's store client
 /// starts with too (turmoil's own link latency goes both ways; slow replies are the store's
@@ -442,14 +441,11 @@ impl World for Turmoil<'_, '_> {
         // Not supported over turmoil (see `turmoil_supports`); never scheduled.
     }
 
-    fn stop_part(&mut self, node: usize, request: PartStopRequest) {
-        if let Some(tx) = self
-            .parts
+    fn stop_part(&mut self, node: usize, request: PartStopRequest) -> bool {
+        self.parts
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&node)
-        {
-            let _ = tx.send(request);
-        }
+            .is_some_and(|parts| parts.send(request))
     }
 }

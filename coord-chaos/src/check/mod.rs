@@ -19,10 +19,11 @@ mod truth;
 mod watchers;
 mod work;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use coord_api::Revision;
+use coord_api::{EventKind, KeyValue, Revision};
 use coord_sim::journal::Origin;
 
 pub(crate) use beliefs::{Beliefs, FaultSpan, PartStop};
@@ -161,6 +162,48 @@ impl<'a> Run<'a> {
     /// Every write the store committed, in order.
     pub fn commits(&self) -> &[Commit] {
         &self.truth.commits
+    }
+
+    /// The keys under `prefix` as the store had them at `at` (the commits up to and at
+    /// `at` applied, lease expiries' deletes among them), by key: what an invariant about
+    /// a service's own keys compares its nodes' beliefs with.
+    ///
+    /// ```
+    /// # fn f(run: &coord_chaos::Run<'_>) {
+    /// let at = run.heal();
+    /// for (key, kv) in run.keys_at("results/", at) {
+    ///     println!("{key} = {:?} (lease {})", kv.value, kv.lease);
+    /// }
+    /// # }
+    /// ```
+    pub fn keys_at(&self, prefix: &str, at: Duration) -> BTreeMap<String, KeyValue> {
+        let mut keys = BTreeMap::new();
+        for c in self.commits().iter().take_while(|c| c.at <= at) {
+            for e in &c.events {
+                if !e.kv.key.starts_with(prefix.as_bytes()) {
+                    continue;
+                }
+                let key = String::from_utf8_lossy(&e.kv.key).into_owned();
+                match e.kind {
+                    EventKind::Put => {
+                        keys.insert(key, e.kv.clone());
+                    }
+                    EventKind::Delete => {
+                        keys.remove(&key);
+                    }
+                }
+            }
+        }
+        keys
+    }
+
+    /// The service's notes of kind `kind` ([`Node::note`](crate::Node::note)), with when
+    /// and who, in the order they were made.
+    pub fn notes<'r>(
+        &'r self,
+        kind: &'r str,
+    ) -> impl Iterator<Item = (Duration, Incarnation, &'r str)> + 'r {
+        self.history.notes(kind)
     }
 
     /// Which incarnation made a change (none for an operator or the store itself).
@@ -325,7 +368,7 @@ pub fn generic() -> Vec<Box<dyn Invariant>> {
 /// The invariants of the recipes' own duties, for a service that registers its nodes under
 /// [`HOSTS`](crate::HOSTS) with coord's registration, watches them, and stops its parts on
 /// request (coord's own service does): registrations (S6, S7, S8, L1, L2, M1), watchers
-/// (S4/S5, L4), stops (L7).
+/// (S4/S5, L4, L8), stops (L7).
 pub(crate) fn recipes() -> Vec<Box<dyn Invariant>> {
     vec![
         named("S4/S5", watchers::s4_s5_watchers),
@@ -335,6 +378,7 @@ pub(crate) fn recipes() -> Vec<Box<dyn Invariant>> {
         named("L1", registrations::l1_self_healing),
         named("L2", registrations::l2_ride_through),
         named("L4", watchers::l4_watcher_convergence),
+        named("L8", watchers::l8_watcher_recovery),
         named("L7", stops::l7_stops),
         named("M1", registrations::m1_latest_metadata),
     ]

@@ -11,9 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use coord_api::recipes::{
-    Candidate, CandidateConfig, ClusterWatcher, ClusterWatcherConfig, ElectionPool,
-    HostRegistration, HostSession, Leadership, RegistrationConfig, RegistrationStatus,
-    SessionConfig, Term,
+    Candidate, ClusterWatcher, ClusterWatcherConfig, ElectionPool, HostRegistration, HostSession,
+    Leadership, RegistrationStatus, Term,
 };
 use coord_api::sync::{watch, Stop};
 use coord_api::Revision;
@@ -75,10 +74,7 @@ async fn run(node: Node) {
     let mut rng = Rng::new(node.seed());
     let mut parts = node.take_part_stops().expect("the node's own");
     let s = node.scenario();
-    let mut config = SessionConfig::default().with_ttl(s.ttl);
-    if let Some(every) = s.renew_interval {
-        config = config.with_renew_interval(every);
-    }
+    let config = s.session_config();
     // The host's store records each write of the host key as it is sent (L7).
     let store = HostKeyWrites::new(&node, &host_key(node.who().node));
     let host = HostSession::new(Arc::new(store), config);
@@ -200,10 +196,9 @@ impl Registration {
     /// the registration comes up whenever the store answers.
     fn start(node: &Node, host: &HostSession, generation: u64) -> Registration {
         let s = node.scenario();
-        let config =
-            RegistrationConfig::new(host_key(node.who().node), metadata(node.who(), generation))
-                .with_backoff(s.initial_backoff, s.max_backoff)
-                .with_backoff_seed(node.seed());
+        let config = s
+            .registration_config(host_key(node.who().node), metadata(node.who(), generation))
+            .with_backoff_seed(node.seed());
         let reg = Arc::new(HostRegistration::spawn_on(host, config).expect("a valid key"));
         let follower =
             tokio::spawn(follow_registration(node.clone(), reg.clone()).in_current_span());
@@ -408,8 +403,7 @@ async fn candidacy(
     let mut told = resign.subscribe();
     let _ = told.get_and_update();
     let s = node.scenario();
-    let config = CandidateConfig::new(name.clone(), node.who().to_string())
-        .with_backoff(s.initial_backoff, s.max_backoff);
+    let config = s.candidate_config(name.clone(), node.who().to_string());
     loop {
         // A channel per candidate: what a term hands over is answered before the next
         // candidate runs.
