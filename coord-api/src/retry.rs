@@ -71,6 +71,11 @@ impl Backoff {
         base.mul_f64(1.0 - fraction / 2.0)
     }
 
+    /// The longest delay it waits (its cap): what a bound on a loop paced by it adds.
+    pub fn max_delay(&self) -> Duration {
+        self.max
+    }
+
     /// Starts over from `initial` (after a success).
     pub fn reset(&mut self) {
         self.next = self.initial;

@@ -41,6 +41,11 @@ pub enum Bug {
     /// `HostRegistration::stop` neither ends nor waits for a heal in progress, which then
     /// writes the key after the stop returned. Caught by L7.
     StopSkipsTheHeal,
+    /// The cluster watcher paces its reopens and re-lists with a registration's backoff
+    /// (100 ms doubling to 30 s) that never starts over: after a run of failed reopens, the
+    /// watcher sleeps on long after the store answers again. Caught by L8 (current again
+    /// within its bound of a heal).
+    WatcherBackoffNeverResets,
     /// A registration's backoff does not start over after a heal: the next loss waits twice
     /// as long, then four times... Caught by L1 (a lone loss healed in the first step).
     BackoffNeverResets,
@@ -139,7 +144,7 @@ pub enum Bug {
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 30] = [
+    pub const ALL: [Bug; 31] = [
         Bug::CampaignSkipsOwnKeyCheck,
         Bug::WatcherResumesFromNow,
         Bug::WatcherIgnoresCompaction,
@@ -170,6 +175,7 @@ impl Bug {
         Bug::PostgresRevisionFromSequence,
         Bug::PostgresWatchFedByNotifications,
         Bug::PostgresRetriesUnknownCommit,
+        Bug::WatcherBackoffNeverResets,
     ];
 
     /// A stable name for command lines and reports.
@@ -185,6 +191,7 @@ impl Bug {
             Bug::FenceCheckedLocally => "fence-checked-locally",
             Bug::StopSkipsTheHeal => "stop-skips-the-heal",
             Bug::BackoffNeverResets => "backoff-never-resets",
+            Bug::WatcherBackoffNeverResets => "watcher-backoff-never-resets",
             Bug::HealWritesFirstMetadata => "heal-writes-first-metadata",
             Bug::RegrantOnClosedStream => "regrant-on-closed-stream",
             Bug::WatcherEmitsBeforePublish => "watcher-emits-before-publish",

@@ -28,7 +28,7 @@ USAGE: chaos [OPTIONS]
 Runs --seeds seeds (base-seed, base-seed + 1, ...) of one scenario with coord's own service
 (every node registers, changes its metadata, campaigns in every election and writes through
 the fence while it leads; the first nodes watch the cluster) and checks each run's history
-against the invariants (S1-S9, W1, L1-L7, M1, P1-P4, C1).
+against the invariants (S1-S9, W1, L1-L8, M1, P1-P4, C1).
 
 OPTIONS:
   --seeds N          seeds to run (default 500)

@@ -241,6 +241,96 @@ pub(super) fn l4_watcher_convergence(run: &Run<'_>, out: &mut Vec<Violation>) {
     }
 }
 
+/// How long after a heal a watcher's view may still lag the store: a reopen of its watch
+/// sent into the cut waits out the request timeout (or a stream that opened just before the
+/// heal goes silent that long before the watcher calls it stuck), then the store preset's
+/// longest backoff, then a round trip for the watch and one for its first message.
+pub(super) fn watcher_recovery_bound(scenario: &crate::Scenario, rtt: Duration) -> Duration {
+    let silence = coord_api::recipes::ClusterWatcherConfig::new("").silence;
+    scenario.request_timeout.max(silence)
+        + coord_api::retry::Backoff::store(0).max_delay()
+        + rtt * 2
+}
+
+/// L8: a watcher is current again within [`watcher_recovery_bound`] of a heal. At each
+/// instant the last fault in force ended (slow replies and added latency counted until what
+/// they delayed arrived) with none beginning for the bound after it, every watcher
+/// incarnation alive across that window holds, by its end, every change of the hosts the
+/// store committed before the heal.
+pub(super) fn l8_watcher_recovery(run: &Run<'_>, out: &mut Vec<Violation>) {
+    let bound = watcher_recovery_bound(run.scenario, run.rtt());
+    let spans: Vec<(Duration, Duration)> = run
+        .beliefs
+        .faults
+        .iter()
+        .map(|f| (f.from, f.until + f.fault.added_latency()))
+        .collect();
+    let heals: BTreeSet<Duration> = spans
+        .iter()
+        .map(|&(_, until)| until)
+        .filter(|&h| h + bound <= run.end)
+        .filter(|&h| {
+            spans
+                .iter()
+                .all(|&(from, until)| until <= h || from > h + bound)
+        })
+        .collect();
+    if heals.is_empty() {
+        return;
+    }
+    // Each watcher's views, in order: (when, revision).
+    let mut views: BTreeMap<Incarnation, Vec<(Duration, Revision)>> = BTreeMap::new();
+    for r in &run.history.records {
+        if let Happening::View { who, revision, .. } = &r.what {
+            views.entry(*who).or_default().push((r.at, *revision));
+        }
+    }
+    let host_commits: Vec<(Duration, Revision)> = run
+        .commits()
+        .iter()
+        .filter(|c| {
+            c.events
+                .iter()
+                .any(|e| e.kv.key.starts_with(HOSTS.as_bytes()))
+        })
+        .map(|c| (c.at, c.revision))
+        .collect();
+    for h in heals {
+        let by = h + bound;
+        let Some(&(_, wanted)) = host_commits.iter().rev().find(|(at, _)| *at <= h) else {
+            continue;
+        };
+        for (who, seen) in &views {
+            let alive = run.beliefs.started.get(who).is_some_and(|s| *s <= h)
+                && run.beliefs.crashed.get(who).is_none_or(|c| *c > by)
+                && run.beliefs.stopping.get(who).is_none_or(|s| *s > by)
+                && run.beliefs.stopped.get(who).is_none_or(|(s, _)| *s > by);
+            if !alive {
+                continue;
+            }
+            let reached = seen
+                .iter()
+                .take_while(|(at, _)| *at <= by)
+                .map(|(_, r)| *r)
+                .max()
+                .unwrap_or(Revision::ZERO);
+            if reached < wanted {
+                out.push(run.violation(
+                    "L8",
+                    by,
+                    &[*who],
+                    format!(
+                        "{:.3}s after the heal at {:.3}s the view is at revision {reached}, \
+                         behind the hosts' change at {wanted} committed before it",
+                        bound.as_secs_f64(),
+                        h.as_secs_f64()
+                    ),
+                ));
+            }
+        }
+    }
+}
+
 /// Applies a recorded view's changes to the view rebuilt so far, and to its fingerprint.
 fn apply_changes(
     view: &mut BTreeMap<String, String>,

@@ -215,7 +215,14 @@ impl ClusterWatcher {
         w.outbox.move_ready(&w.tx);
         let outbox = w.outbox.clone();
         let span = tracing::info_span!("cluster_watcher", prefix = %w.config.prefix);
-        let task = Task::spawn_abortable(span, w.run(retry::Backoff::store(seed)));
+        let backoff = if crate::hooks::planted::enabled(
+            crate::hooks::planted::Bug::WatcherBackoffNeverResets,
+        ) {
+            retry::Backoff::new(Duration::from_millis(100), Duration::from_secs(30), seed)
+        } else {
+            retry::Backoff::store(seed)
+        };
+        let task = Task::spawn_abortable(span, w.run(backoff));
         Ok(ClusterWatcher {
             view,
             events,

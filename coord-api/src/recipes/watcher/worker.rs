@@ -249,7 +249,7 @@ impl Worker {
                     from = self.view.revision.max(Revision(1));
                     if delivered {
                         // It worked until now: resume at once.
-                        backoff.reset();
+                        start_over(&mut backoff);
                         continue;
                     }
                     // The store is unreachable, or breaks every stream at once: back off.
@@ -281,7 +281,7 @@ impl Worker {
             let Ok(listing) = relisted.await;
             self.apply_listing(listing).await;
             from = self.view.revision.max(Revision(1));
-            backoff.reset();
+            start_over(&mut backoff);
             tracing::info!(
                 revision = %self.view.revision,
                 hosts = self.view.hosts.len(),
@@ -499,5 +499,12 @@ impl Worker {
         // A progress notification (or a batch's header) says everything up to its revision
         // has been delivered.
         self.view.revision = self.view.revision.max(batch.revision);
+    }
+}
+
+/// Starts the backoff over after a success (a stream that delivered, a re-list).
+fn start_over(backoff: &mut Backoff) {
+    if !crate::hooks::planted::enabled(crate::hooks::planted::Bug::WatcherBackoffNeverResets) {
+        backoff.reset();
     }
 }
