@@ -56,5 +56,7 @@ fn keys_at_and_notes_read_the_run() {
     assert_eq!(run.notes("wrote").count(), 3);
     let deleted: Vec<_> = run.notes("deleted").collect();
     assert_eq!(deleted.len(), 3);
-    assert!(deleted.iter().all(|(t, _, _)| *t >= Duration::from_secs(20)));
+    assert!(deleted
+        .iter()
+        .all(|(t, _, _)| *t >= Duration::from_secs(20)));
 }
