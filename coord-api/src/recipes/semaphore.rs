@@ -14,11 +14,8 @@
 //! Everything the election promises holds for a permit: never handed out on a key already
 //! gone, nor with less than half the session's TTL left; a dropped wait leaves no key behind.
 //!
-//! Every key records the count its user passed (its value, `permits=N`). A permit is handed
-//! out only once one read has found every key older than its own recording the same count:
-//! of two users passing different counts, the one that queued later is refused (its key
-//! released) rather than take more than its share. Keys with an empty value (written by an
-//! older coord) are not compared.
+//! The number of permits is not stored: every user of one name must pass the same N (a
+//! session that passes a larger one takes more than its share).
 
 use std::time::Duration;
 
@@ -103,10 +100,9 @@ impl Semaphore {
     /// fails with.
     pub async fn acquire(&self) -> Result<Permit> {
         self.valid()?;
-        let held = self.election.campaign(self.recorded()).await?;
-        let permit = self.checked(held).await?;
-        tracing::info!(semaphore = %self.name(), token = %permit.token(), "permit acquired");
-        Ok(permit)
+        let held = self.election.campaign(Bytes::new()).await?;
+        tracing::info!(semaphore = %self.name(), token = %held.token(), "permit acquired");
+        Ok(Permit::new(held))
     }
 
     /// Waits at most `timeout` for a permit.
@@ -140,43 +136,11 @@ impl Semaphore {
     /// As [`acquire`](Self::acquire), without the waiting.
     pub async fn try_acquire(&self) -> Result<Option<Permit>> {
         self.valid()?;
-        let Some(held) = self.election.try_campaign(self.recorded()).await? else {
-            return Ok(None);
-        };
-        let permit = self.checked(held).await?;
-        tracing::info!(semaphore = %self.name(), token = %permit.token(), "permit acquired (try)");
-        Ok(Some(permit))
-    }
-
-    /// What each key of this user records: the count it passed.
-    fn recorded(&self) -> Bytes {
-        Bytes::from(format!("permits={}", self.permits))
-    }
-
-    /// The permit of `held`, once every key older than it records this user's count. A key
-    /// older than a seated one is seated too, so the `permits` oldest keys hold them all.
-    /// Refused (the key released in the background) on a mismatch, or when the read fails.
-    async fn checked(&self, held: Leadership) -> Result<Permit> {
-        let permit = Permit::new(held);
-        let read = GetRequest::prefix(format!("{}/", self.name()))
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(u64::from(self.permits));
-        let older = self.election.store().get(read).await?.kvs;
-        let recorded = self.recorded();
-        let other = older.iter().find(|kv| {
-            kv.create_revision < permit.token() && !kv.value.is_empty() && kv.value != recorded
-        });
-        match other {
-            None => Ok(permit),
-            Some(kv) => Err(Error::invalid(format!(
-                "semaphore {:?}: this user passes {} permits, but the older key {:?} records {:?}; \
-                 every user of a semaphore must pass the same count",
-                self.name(),
-                self.permits,
-                String::from_utf8_lossy(&kv.key),
-                String::from_utf8_lossy(&kv.value),
-            ))),
+        let held = self.election.try_campaign(Bytes::new()).await?;
+        if let Some(h) = &held {
+            tracing::info!(semaphore = %self.name(), token = %h.token(), "permit acquired (try)");
         }
+        Ok(held.map(Permit::new))
     }
 
     /// The keys holding permits now (the oldest `permits` keys), oldest first.
