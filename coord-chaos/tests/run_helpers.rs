@@ -44,7 +44,6 @@ fn keys_at_and_notes_read_the_run() {
     assert!(outcome.violations.is_empty(), "{:?}", outcome.violations);
     let run = Run::new(&scenario, &history);
     let at = |secs| run.keys_at("k/", Duration::from_secs(secs));
-    assert!(at(0).is_empty() || at(0).len() == 3);
     let standing = at(10);
     assert_eq!(
         standing.keys().map(String::as_str).collect::<Vec<_>>(),

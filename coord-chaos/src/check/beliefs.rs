@@ -123,6 +123,13 @@ pub(crate) struct Beliefs {
 }
 
 impl Beliefs {
+    /// Whether `who` still runs at `at`: not crashed, and no stop asked or made, by then.
+    pub(crate) fn running_at(&self, who: Incarnation, at: Duration) -> bool {
+        self.crashed.get(&who).is_none_or(|c| *c > at)
+            && self.stopping.get(&who).is_none_or(|s| *s > at)
+            && self.stopped.get(&who).is_none_or(|(s, _)| *s > at)
+    }
+
     pub(crate) fn build(history: &History, end: Duration) -> Beliefs {
         let mut b = Beliefs {
             heal: end,

@@ -513,9 +513,7 @@ pub(super) fn l6_failover(run: &Run<'_>, out: &mut Vec<Violation>) {
         else {
             continue;
         };
-        let alive = run.beliefs.crashed.get(&owner).is_none_or(|c| *c > bound)
-            && run.beliefs.stopping.get(&owner).is_none_or(|s| *s > bound);
-        if !alive {
+        if !run.beliefs.running_at(owner, bound) {
             continue;
         }
         let next = run

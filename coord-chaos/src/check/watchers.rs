@@ -302,9 +302,7 @@ pub(super) fn l8_watcher_recovery(run: &Run<'_>, out: &mut Vec<Violation>) {
         };
         for (who, seen) in &views {
             let alive = run.beliefs.started.get(who).is_some_and(|s| *s <= h)
-                && run.beliefs.crashed.get(who).is_none_or(|c| *c > by)
-                && run.beliefs.stopping.get(who).is_none_or(|s| *s > by)
-                && run.beliefs.stopped.get(who).is_none_or(|(s, _)| *s > by);
+                && run.beliefs.running_at(*who, by);
             if !alive {
                 continue;
             }
