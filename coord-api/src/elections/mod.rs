@@ -295,6 +295,8 @@ pub(crate) enum Seat {
     Lost,
     /// Fewer than `seats` keys are older than it.
     Held,
+    /// An older key records another value: see [`disagreement`].
+    Disagrees(Error),
     /// At least `seats` keys are ahead of it, as of `revision`; `nearest` are the `seats`
     /// youngest of them, and `own` the key itself.
     Waiting {
@@ -327,6 +329,9 @@ pub(crate) async fn seat<S: KvLeaseStore + ?Sized>(
         _ => return Ok(Seat::Lost),
     };
     let nearest: Vec<KeyValue> = get(1).map(|g| g.kvs.clone()).unwrap_or_default();
+    if let Some(refused) = disagreement(&leader.name, &own.value, &nearest) {
+        return Ok(Seat::Disagrees(refused));
+    }
     if nearest.len() < seats {
         return Ok(Seat::Held);
     }
@@ -337,8 +342,30 @@ pub(crate) async fn seat<S: KvLeaseStore + ?Sized>(
     })
 }
 
+/// Why a key of a multi-seat election recording `own` may not take a seat, given keys older
+/// than it: one of them records another value.
+///
+/// The keys of a semaphore record the count their users passed. A seat is taken only on a
+/// read that finds the keys ahead agreeing with it (all of them, once fewer than the count
+/// are ahead), so of two users passing different counts, the one that queued later is
+/// refused rather than seated on a count of its own. The check rides on the reads that
+/// decide the seat, adding none. Keys with an empty value (written by an older coord) are
+/// not compared.
+pub(crate) fn disagreement(name: &str, own: &[u8], older: &[KeyValue]) -> Option<Error> {
+    let other = older
+        .iter()
+        .find(|kv| !kv.value.is_empty() && !own.is_empty() && kv.value != own)?;
+    Some(Error::invalid(format!(
+        "semaphore {name:?}: this user's key records {:?}, but the older key {:?} records {:?}; \
+         every user of a semaphore must pass the same count",
+        String::from_utf8_lossy(own),
+        String::from_utf8_lossy(&other.key),
+        String::from_utf8_lossy(&other.value),
+    )))
+}
+
 /// Waits until fewer than `seats` keys are older than `leader.key`, or fails when it
-/// disappears.
+/// disappears or an older key disagrees (see [`disagreement`]).
 ///
 /// Only the `seats` keys just ahead of it are followed, not the whole queue: with `c >= seats`
 /// keys ahead, fewer than `seats` remain only after `c - seats + 1` of them go, and only
@@ -360,6 +387,7 @@ async fn wait_for_seat<S: KvLeaseStore + ?Sized>(
         let (own, nearest, revision) = match seated.await? {
             Seat::Held => return Ok(()),
             Seat::Lost => return Err(lost(leader)),
+            Seat::Disagrees(refused) => return Err(refused),
             Seat::Waiting {
                 own,
                 nearest,

@@ -14,8 +14,11 @@
 //! Everything the election promises holds for a permit: never handed out on a key already
 //! gone, nor with less than half the session's TTL left; a dropped wait leaves no key behind.
 //!
-//! The number of permits is not stored: every user of one name must pass the same N (a
-//! session that passes a larger one takes more than its share).
+//! Every key records the count its user passed (its value, `permits=N`). A permit is handed
+//! out only on a read that finds the keys ahead of its own recording the same count (the
+//! reads that decide the seat, no other): of two users passing different counts, the one that
+//! queued later is refused with [`Error::InvalidArgument`] and its key released, rather than
+//! take more than its share.
 
 use std::time::Duration;
 
@@ -95,12 +98,13 @@ impl Semaphore {
     /// key is then the newer permit's: the older permit's release leaves it standing.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for zero permits or a bad name; [`Error::CandidacyLost`] when
+    /// [`Error::InvalidArgument`] for zero permits, a bad name, or a count other than the one
+    /// the keys ahead record; [`Error::CandidacyLost`] when
     /// the session ends or the waiter's key is deleted while waiting; whatever the store
     /// fails with.
     pub async fn acquire(&self) -> Result<Permit> {
         self.valid()?;
-        let held = self.election.campaign(Bytes::new()).await?;
+        let held = self.election.campaign(self.recorded()).await?;
         tracing::info!(semaphore = %self.name(), token = %held.token(), "permit acquired");
         Ok(Permit::new(held))
     }
@@ -136,11 +140,16 @@ impl Semaphore {
     /// As [`acquire`](Self::acquire), without the waiting.
     pub async fn try_acquire(&self) -> Result<Option<Permit>> {
         self.valid()?;
-        let held = self.election.try_campaign(Bytes::new()).await?;
+        let held = self.election.try_campaign(self.recorded()).await?;
         if let Some(h) = &held {
             tracing::info!(semaphore = %self.name(), token = %h.token(), "permit acquired (try)");
         }
         Ok(held.map(Permit::new))
+    }
+
+    /// What each key of this user records: the count it passed.
+    fn recorded(&self) -> Bytes {
+        Bytes::from(format!("permits={}", self.permits))
     }
 
     /// The keys holding permits now (the oldest `permits` keys), oldest first.

@@ -371,9 +371,11 @@ impl Election {
     /// Whether `won` still holds a seat (the leadership, with one seat), read from the store.
     async fn still_leads(&self, won: &LeaderKey) -> Result<bool> {
         if self.seats > 1 {
-            return elections::seat(&*self.store, won, self.seats)
-                .await
-                .map(|s| matches!(s, elections::Seat::Held));
+            return match elections::seat(&*self.store, won, self.seats).await? {
+                elections::Seat::Held => Ok(true),
+                elections::Seat::Disagrees(refused) => Err(refused),
+                elections::Seat::Lost | elections::Seat::Waiting { .. } => Ok(false),
+            };
         }
         match self.store.leader(&self.name).await {
             Ok(kv) => Ok(kv.key == won.key && kv.create_revision == won.token),
@@ -438,6 +440,28 @@ impl Election {
             .and_then(|r| r.as_get())
             .map(|g| g.kvs.clone())
             .unwrap_or_default();
+        // Written now, every key read is ahead of ours; standing, those created before it.
+        let own = oldest.iter().find(|kv| kv.key == won.key);
+        let ahead: Vec<KeyValue> = match (resp.succeeded, own) {
+            (true, _) => oldest.clone(),
+            (false, Some(own)) => oldest
+                .iter()
+                .filter(|kv| kv.create_revision < own.create_revision)
+                .cloned()
+                .collect(),
+            (false, None) => Vec::new(),
+        };
+        if ahead.len() < self.seats {
+            if let Some(refused) = elections::disagreement(&self.name, &value, &ahead) {
+                if resp.succeeded {
+                    won.token = resp.revision;
+                    self.withdraw(won, campaign);
+                } else {
+                    self.untouched(&won.key, campaign, before);
+                }
+                return Err(refused);
+            }
+        }
         if resp.succeeded {
             won.token = resp.revision;
             if oldest.len() >= self.seats {

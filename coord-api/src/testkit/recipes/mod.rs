@@ -100,6 +100,7 @@ macro_rules! recipe_tests {
             candidate::a_candidate_stopped_resting_after_a_failed_resignation_resigns,
             candidate::a_candidate_rests_between_terms_and_counts_them,
             candidate::a_candidate_stops_saying_it_leads_the_instant_its_term_ends,
+            semaphore::semaphore_refuses_a_user_passing_another_count,
             mutex::mutex_excludes_and_hands_over_in_queue_order,
             mutex::mutex_guard_dropped_unlocks,
             mutex::mutex_try_behind_its_own_waiter_leaves_the_key_to_it,

@@ -232,3 +232,41 @@ pub async fn semaphore_try_behind_its_own_waiter_leaves_the_key_to_it(fx: &dyn F
     )
     .await;
 }
+
+pub async fn semaphore_refuses_a_user_passing_another_count(fx: &dyn Fixture) {
+    let store = fx.store();
+    let (a, b, c) = (
+        session(fx, &store).await,
+        session(fx, &store).await,
+        session(fx, &store).await,
+    );
+    let held = Semaphore::new(&a, SEM, 1).acquire().await.unwrap();
+    // Three permits where the holder counts one: it would take a second seat at once.
+    for refused in [
+        Semaphore::new(&b, SEM, 3).acquire().await.map(|_| ()),
+        Semaphore::new(&b, SEM, 3).try_acquire().await.map(|_| ()),
+    ] {
+        match refused {
+            Err(Error::InvalidArgument { reason }) => {
+                assert!(
+                    reason.contains("permits=1"),
+                    "names the count recorded: {reason}"
+                )
+            }
+            other => panic!("a user passing another count got {other:?}"),
+        }
+    }
+    eventually(PROMPT, "the refused user's key to go", || async {
+        queued(&store).await == 1
+    })
+    .await;
+    assert!(held.is_held(), "the refusal ended the holder's permit");
+    // A user passing the same count queues behind the holder as ever.
+    let same = Semaphore::new(&c, SEM, 1);
+    assert!(same.try_acquire().await.unwrap().is_none());
+    held.release().await.unwrap();
+    let permit = within(prompt(fx), "the next permit", same.acquire())
+        .await
+        .unwrap();
+    permit.release().await.unwrap();
+}
