@@ -41,6 +41,10 @@
 //! * **Stop a part when asked**: take [`Node::take_part_stops`], and for each
 //!   [`PartStopRequest`] stop one part gracefully and start it again after its length. A
 //!   service that never takes them gets no `stop` faults.
+//! * **Go down whole in a crash.** A crash drops the incarnation's future; a task it spawned
+//!   with a bare `tokio::spawn` would run on beside the next incarnation. Keep helper tasks
+//!   in a [`tokio::task::JoinSet`] (aborted when dropped). coord's own handles need nothing:
+//!   what they run in the background ends once they and the store client are dropped.
 //!
 //! An invariant of your own reads the run through [`Run`]: the store's [commits](Run::commits)
 //! and who made them, [the keys under a prefix at an instant](Run::keys_at), your nodes'

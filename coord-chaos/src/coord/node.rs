@@ -18,7 +18,7 @@ use coord_api::sync::{watch, Stop};
 use coord_api::Revision;
 use futures::future::BoxFuture;
 use tokio::sync::mpsc;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinSet;
 use tokio::time::{sleep_until, Instant};
 use tracing::Instrument;
 
@@ -79,8 +79,13 @@ async fn run(node: Node) {
     let store = HostKeyWrites::new(&node, &host_key(node.who().node));
     let host = HostSession::new(Arc::new(store), config);
     let mut registration = Registration::start(&node, &host, 0);
-    let watcher = (node.who().node < node.scenario().watchers)
-        .then(|| tokio::spawn(follow_watcher(node.clone()).in_current_span()));
+    // Helper tasks sit in a JoinSet, which aborts them when dropped: a crash (this task
+    // aborted) takes them down with the incarnation, as a process's crash would.
+    let watcher = (node.who().node < node.scenario().watchers).then(|| {
+        let mut set = JoinSet::new();
+        set.spawn(follow_watcher(node.clone()).in_current_span());
+        set
+    });
     let mut pool = Some(Pool::start(&node, &host, &mut rng));
     // One timer each for the loop's life, moved when their instant changes: a select builds
     // its branches afresh each turn, and fresh timers were registered and torn down at every
@@ -152,8 +157,8 @@ async fn run(node: Node) {
         clean &= p.stop().await.is_ok();
     }
     clean &= host.stop().await.is_ok();
-    if let Some(w) = watcher {
-        let _ = w.await;
+    if let Some(mut w) = watcher {
+        while w.join_next().await.is_some() {}
     }
     node.record(Happening::Stopped {
         who: node.who(),
@@ -187,7 +192,8 @@ fn metadata_period(rng: &mut Rng, s: &Scenario) -> Duration {
 
 /// The node's registration, and the task that follows its status.
 enum Registration {
-    Running(Arc<HostRegistration>, JoinHandle<()>),
+    /// The follower in a set of its own, aborted with it (see `run`).
+    Running(Arc<HostRegistration>, JoinSet<()>),
     Stopped,
 }
 
@@ -200,8 +206,8 @@ impl Registration {
             .registration_config(host_key(node.who().node), metadata(node.who(), generation))
             .with_backoff_seed(node.seed());
         let reg = Arc::new(HostRegistration::spawn_on(host, config).expect("a valid key"));
-        let follower =
-            tokio::spawn(follow_registration(node.clone(), reg.clone()).in_current_span());
+        let mut follower = JoinSet::new();
+        follower.spawn(follow_registration(node.clone(), reg.clone()).in_current_span());
         Registration::Running(reg, follower)
     }
 
@@ -211,10 +217,10 @@ impl Registration {
 
     async fn take_running(&mut self) -> Option<HostRegistration> {
         match std::mem::replace(self, Registration::Stopped) {
-            Registration::Running(reg, follower) => {
-                follower.abort();
+            Registration::Running(reg, mut follower) => {
+                follower.abort_all();
                 // The follower held the other handle; it is gone once the task is.
-                let _ = follower.await;
+                while follower.join_next().await.is_some() {}
                 Arc::into_inner(reg)
             }
             Registration::Stopped => None,

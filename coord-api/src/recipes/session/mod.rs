@@ -166,6 +166,22 @@ impl Inner {
     }
 
     /// Whether the local deadline counts (it always does, unless the planted bug is on).
+    /// Resolves once the lease is gone at the store, or surely will be with no word from
+    /// this process: a TTL past the local deadline (the store counts its TTL from a renewal's
+    /// arrival, which came before its acknowledgement, and a reply later than a TTL renews
+    /// nothing we rely on). While renewals go on the deadline moves and this waits on. What
+    /// works in the background for a lease (a withdrawal) stops here: its work goes with the
+    /// lease, and a crashed host's tasks must not outlive it.
+    async fn lease_over(&self) {
+        loop {
+            let over = self.state().deadline + self.ttl;
+            if Instant::now() >= over {
+                return;
+            }
+            tokio::time::sleep_until(over).await;
+        }
+    }
+
     fn past_deadline(&self, now: Instant) -> bool {
         !ignores_deadline() && now >= self.state().deadline
     }
@@ -347,10 +363,11 @@ impl SessionHandle {
     }
 
     /// What becomes of the key of `campaign` in `name` on this lease when it does not finish
-    /// (or its leadership is let go of): a withdrawal retried until the key is gone (or the
-    /// lease), unless a newer campaign takes the key over first.
+    /// (or its leadership is let go of): a withdrawal retried until the key is gone or the
+    /// lease is (see [`Inner::lease_over`]), unless a newer campaign takes the key over first.
     pub(crate) fn cleanup(&self, name: &str, campaign: u64) -> Cleanup {
         let slot = self.slot(name);
+        let inner = self.inner.clone();
         Cleanup::HandOff(Box::new(move |store, leader| {
             if !slot.may_delete(campaign) {
                 // A newer campaign has the key, or an earlier leadership keeps it: nothing to
@@ -363,7 +380,13 @@ impl SessionHandle {
             };
             rt.spawn(async move {
                 let mut backoff = retry::Backoff::store(retry::seed(&[&leader.key]));
-                let _ = retry::until(&mut backoff, called_off.stopped(), |_| async {
+                let stop = async {
+                    tokio::select! {
+                        () = called_off.stopped() => {}
+                        () = inner.lease_over() => {}
+                    }
+                };
+                let _ = retry::until(&mut backoff, stop, |_| async {
                     let turn = tokio::select! {
                         biased;
                         _ = called_off.stopped() => return ControlFlow::Break(()),
