@@ -6,15 +6,15 @@
 //! member); node crashes are turmoil crashes and bounces; member faults and store-side faults
 //! are the cluster's.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use coord_api::sync::watch;
+use coord_api::sync::{watch, Stop};
 use coord_etcd::{EtcdConfig, EtcdStore, MemberChannel};
-use coord_sim::grpc::{channel, Clients, SimCluster, ETCD_PORT};
+use coord_sim::grpc::{channel_as, Clients, SimCluster, ETCD_PORT};
 use coord_sim::{CompactionTask, SimConfig, SimStore};
 
 use crate::driver::{actions, Driver, World};
@@ -25,10 +25,11 @@ use crate::recorder::Recorder;
 use crate::scenario::Scenario;
 use crate::service::{self, Node, PartStopRequest, Service};
 
-/// Whether a turmoil run can inject `kind` (a rolling restart needs two incarnations of one
-/// host at once, which a turmoil host cannot be).
-pub fn turmoil_supports(kind: FaultKind) -> bool {
-    kind != FaultKind::Restart
+/// Whether a turmoil run can inject `kind`: every kind. (A rolling restart runs two
+/// incarnations of one node at once: both are tasks of the node's one turmoil host, which a
+/// crash takes down together.)
+pub fn turmoil_supports(_kind: FaultKind) -> bool {
+    true
 }
 
 /// The fault kinds a turmoil run injects.
@@ -88,12 +89,12 @@ pub fn simulate_service_turmoil(
         .add_to(&mut sim);
     let storms = Storms::default();
     let mut paused = Vec::new();
-    let mut incs = Vec::new();
+    let mut nodes = Vec::new();
     for n in 0..scenario.hosts {
         let switch = Arc::new(watch::Sender::new(false));
         paused.push(switch.clone());
-        let inc = Arc::new(AtomicU32::new(0));
-        incs.push(inc.clone());
+        let state = Arc::new(NodeState::default());
+        nodes.push(state.clone());
         let host = NodeHost {
             service: service.clone(),
             scenario: scenario.clone(),
@@ -104,7 +105,7 @@ pub fn simulate_service_turmoil(
             parts: parts.clone(),
             slow: slow.clone(),
             n,
-            inc,
+            state,
             paused: switch,
         };
         host.add(&mut sim);
@@ -125,7 +126,7 @@ pub fn simulate_service_turmoil(
             clients: &clients,
             slow: &slow,
             paused: &paused,
-            incs: &incs,
+            nodes: &nodes,
             parts: &parts,
             targets: &targets,
         };
@@ -145,6 +146,27 @@ pub fn simulate_service_turmoil(
     rec.take()
 }
 
+/// A node across its incarnations, shared by the driver and the node's host.
+#[derive(Default)]
+struct NodeState {
+    /// The next incarnation's number.
+    next: AtomicU32,
+    /// The incarnations running on the host now (two during a rolling restart): a crash
+    /// takes them all.
+    live: Mutex<BTreeSet<u32>>,
+    /// Counts the rolling restarts asked for; the host's supervisor follows it.
+    restarts: tokio::sync::watch::Sender<u32>,
+}
+
+impl NodeState {
+    fn live(&self) -> std::sync::MutexGuard<'_, BTreeSet<u32>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// An incarnation's stop and readiness, once it has them (after it connected).
+type Controls = tokio::sync::watch::Receiver<Option<(Stop, watch::Receiver<bool>)>>;
+
 /// What a node's host needs to start an incarnation, every time turmoil starts it.
 #[derive(Clone)]
 struct NodeHost {
@@ -157,7 +179,7 @@ struct NodeHost {
     parts: PartStops,
     slow: ReplyLatencies,
     n: usize,
-    inc: Arc<AtomicU32>,
+    state: Arc<NodeState>,
     paused: Arc<watch::Sender<bool>>,
 }
 
@@ -166,15 +188,83 @@ impl NodeHost {
         let n = self.n;
         sim.host(format!("n{n}"), move || {
             let host = self.clone();
-            let who = Incarnation {
-                node: n,
-                inc: host.inc.fetch_add(1, Ordering::SeqCst),
-            };
-            async move { host.run(who).await }
+            async move { host.supervise().await }
         });
     }
 
-    async fn run(self, who: Incarnation) -> turmoil::Result {
+    /// The host's software: runs the node's newest incarnation, and on a rolling restart
+    /// starts the next one beside it, waits until it is ready (2 TTL at most, as in-process),
+    /// then stops every older one. A crash drops the host's runtime, and every incarnation
+    /// on it.
+    async fn supervise(self) -> turmoil::Result {
+        let mut restarts = self.state.restarts.subscribe();
+        restarts.mark_unchanged();
+        let mut incarnations = tokio::task::JoinSet::new();
+        let mut newest = self.start(&mut incarnations);
+        let mut older = Vec::new();
+        loop {
+            tokio::select! {
+                done = incarnations.join_next() => match done {
+                    Some(Ok(r)) => r?,
+                    Some(Err(e)) => return Err(e.into()),
+                    None => return Ok(()),
+                },
+                changed = restarts.changed() => {
+                    if changed.is_err() {
+                        continue;
+                    }
+                    older.push(std::mem::replace(&mut newest, self.start(&mut incarnations)));
+                    let (mut fresh, stops) = (newest.clone(), older.clone());
+                    let wait = self.scenario.ttl * 2;
+                    incarnations.spawn(async move {
+                        let up = async {
+                            let ready = fresh.wait_for(Option::is_some).await.ok()?.clone();
+                            let (_, mut ready) = ready?;
+                            ready.wait_for(|r| *r).await.ok()
+                        };
+                        let _ = tokio::time::timeout(wait, up).await;
+                        // Every older one, not only this restart's (as in-process).
+                        for mut s in stops {
+                            if let Ok(c) = s.wait_for(Option::is_some).await {
+                                if let Some((stop, _)) = &*c {
+                                    stop.stop();
+                                }
+                            }
+                        }
+                        Ok(())
+                    });
+                }
+            }
+        }
+    }
+
+    /// Starts the node's next incarnation as a task in `set`; its controls once it has them.
+    fn start(&self, set: &mut tokio::task::JoinSet<Result<(), String>>) -> Controls {
+        let who = Incarnation {
+            node: self.n,
+            inc: self.state.next.fetch_add(1, Ordering::SeqCst),
+        };
+        self.state.live().insert(who.inc);
+        let (controls, seen) = tokio::sync::watch::channel(None);
+        let host = self.clone();
+        set.spawn(async move {
+            // turmoil's error is not `Send`; its text crosses the task.
+            let r = host
+                .clone()
+                .run(who, controls)
+                .await
+                .map_err(|e| e.to_string());
+            host.state.live().remove(&who.inc);
+            r
+        });
+        seen
+    }
+
+    async fn run(
+        self,
+        who: Incarnation,
+        controls: tokio::sync::watch::Sender<Option<(Stop, watch::Receiver<bool>)>>,
+    ) -> turmoil::Result {
         // The store's host creates the store on its first start.
         let store = loop {
             if let Some(s) = self.cluster.store() {
@@ -193,8 +283,6 @@ impl NodeHost {
             client.set_reply_latency(*d);
         }
         self.clients
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .insert(turmoil::lookup(format!("n{}", self.n)), client.clone());
         self.rec.record(Happening::Started {
             who,
@@ -206,7 +294,11 @@ impl NodeHost {
         let channels = (0..members)
             .map(|k| {
                 let host = self.cluster.host((self.n + k) % members).to_owned();
-                Box::new(move || channel(&host, ETCD_PORT)) as MemberChannel
+                // Each connection served as this incarnation's: during a rolling restart two
+                // share the host's IP.
+                let (client, clients) = (client.clone(), self.clients.clone());
+                Box::new(move || channel_as(&host, ETCD_PORT, client.clone(), clients.clone()))
+                    as MemberChannel
             })
             .collect();
         // The channels say where the members are; the config's endpoint is never dialled.
@@ -226,6 +318,7 @@ impl NodeHost {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(self.n, control.part_stops.clone());
+        controls.send_replace(Some((control.stop.clone(), control.ready.clone())));
         crate::service::run_node(self.service.clone(), node).await;
         drop(control);
         Ok(())
@@ -246,7 +339,7 @@ struct Turmoil<'a, 'b> {
     clients: &'a Clients,
     slow: &'a ReplyLatencies,
     paused: &'a [Arc<watch::Sender<bool>>],
-    incs: &'a [Arc<AtomicU32>],
+    nodes: &'a [Arc<NodeState>],
     parts: &'a PartStops,
     /// The service's operator prefixes.
     targets: &'a [String],
@@ -265,11 +358,7 @@ impl Turmoil<'_, '_> {
     /// The live incarnation's store client (the store side of the node's link).
     fn client(&self, node: usize) -> Option<SimStore> {
         let ip: IpAddr = self.sim.lookup(Self::host(node).as_str());
-        self.clients
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&ip)
-            .cloned()
+        self.clients.get(ip)
     }
 }
 
@@ -424,21 +513,27 @@ impl World for Turmoil<'_, '_> {
     }
 
     fn crash(&mut self, node: usize) {
-        let who = Incarnation {
-            node,
-            inc: self.incs[node].load(Ordering::SeqCst).saturating_sub(1),
-        };
-        self.rec.mute(who);
+        // Every incarnation on the host goes down with it, oldest first.
+        let live = std::mem::take(&mut *self.nodes[node].live());
+        for &inc in &live {
+            self.rec.mute(Incarnation { node, inc });
+        }
         self.sim.crash(Self::host(node).as_str());
-        self.record(Happening::Crashed(who));
+        for inc in live {
+            self.record(Happening::Crashed(Incarnation { node, inc }));
+        }
     }
 
     fn recover(&mut self, node: usize) {
         self.sim.bounce(Self::host(node).as_str());
     }
 
-    fn rolling_restart(&mut self, _node: usize) {
-        // Not supported over turmoil (see `turmoil_supports`); never scheduled.
+    fn rolling_restart(&mut self, node: usize) {
+        // The host's supervisor acts on it (see `NodeHost::supervise`); a crashed host has
+        // none, and a later start does not take it.
+        if !self.nodes[node].live().is_empty() {
+            self.nodes[node].restarts.send_modify(|n| *n += 1);
+        }
     }
 
     fn stop_part(&mut self, node: usize, request: PartStopRequest) -> bool {

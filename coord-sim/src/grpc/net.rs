@@ -13,6 +13,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::transport::{Channel, Endpoint};
 
+use super::Clients;
+
 /// A turmoil TCP stream that tonic's server and hyper's client accept; a server's may be
 /// killed (the process behind it died: the connection drops at once, as the kernel closes a
 /// killed process's sockets).
@@ -141,26 +143,43 @@ pub(crate) fn incoming_until(
 /// broken connection), with HTTP/2 keep-alive so a dead peer is noticed, as
 /// `EtcdConfig`'s defaults do.
 pub fn channel(host: &str, port: u16) -> Channel {
+    connect(host, port, None)
+}
+
+/// [`channel`], each of whose connections the server serves through `client` (registered in
+/// `clients` as it connects): for several clients on one turmoil host, which the peer's IP
+/// alone cannot tell apart.
+pub fn channel_as(host: &str, port: u16, client: crate::SimStore, clients: Clients) -> Channel {
+    connect(host, port, Some((client, clients)))
+}
+
+fn connect(host: &str, port: u16, serve_as: Option<(crate::SimStore, Clients)>) -> Channel {
     let endpoint = Endpoint::from_shared(format!("http://{host}:{port}"))
         .expect("a host name and port make a valid URI")
         .connect_timeout(Duration::from_secs(1))
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5))
         .keep_alive_while_idle(true);
-    endpoint.connect_with_connector_lazy(tower::service_fn(|uri: http::Uri| async move {
-        let host = uri.host().unwrap_or("localhost").to_owned();
-        let port = uri.port_u16().unwrap_or(2379);
-        // In hyper's words for a refused connection, which clients (EtcdStore among them)
-        // read as "never sent".
-        let stream = turmoil::net::TcpStream::connect((host.as_str(), port))
-            .await
-            .map_err(|e| match e.kind() {
-                io::ErrorKind::ConnectionRefused => io::Error::new(
-                    e.kind(),
-                    format!("tcp connect error: Connection refused ({e})"),
-                ),
-                _ => e,
-            })?;
-        Ok::<_, io::Error>(TokioIo::new(SimTcp::new(stream, None)))
+    endpoint.connect_with_connector_lazy(tower::service_fn(move |uri: http::Uri| {
+        let serve_as = serve_as.clone();
+        async move {
+            let host = uri.host().unwrap_or("localhost").to_owned();
+            let port = uri.port_u16().unwrap_or(2379);
+            // In hyper's words for a refused connection, which clients (EtcdStore among them)
+            // read as "never sent".
+            let stream = turmoil::net::TcpStream::connect((host.as_str(), port))
+                .await
+                .map_err(|e| match e.kind() {
+                    io::ErrorKind::ConnectionRefused => io::Error::new(
+                        e.kind(),
+                        format!("tcp connect error: Connection refused ({e})"),
+                    ),
+                    _ => e,
+                })?;
+            if let Some((client, clients)) = serve_as {
+                clients.connected(stream.local_addr()?, client);
+            }
+            Ok::<_, io::Error>(TokioIo::new(SimTcp::new(stream, None)))
+        }
     }))
 }

@@ -2,7 +2,7 @@
 //! served by a task per stream.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,9 +23,45 @@ use coord_api::Revision as Rev;
 type Reply<T> = Result<Response<T>, Status>;
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
-/// Which store client serves the requests from each peer address, so that the store's
-/// journal (and its per-client faults) tell the peers apart.
-pub type Clients = Arc<Mutex<BTreeMap<IpAddr, SimStore>>>;
+/// Which store client serves the requests from each peer, so that the store's journal (and
+/// its per-client faults) tell the peers apart: by the connection (its address and port, for
+/// a client that dials through [`channel_as`](super::channel_as): two clients on one host,
+/// such as a node's old and new incarnation during a rolling restart), else by the peer's IP.
+/// Cloning is cheap: every clone is the same registry.
+#[derive(Debug, Clone, Default)]
+pub struct Clients {
+    by_ip: Arc<Mutex<BTreeMap<IpAddr, SimStore>>>,
+    by_connection: Arc<Mutex<BTreeMap<SocketAddr, SimStore>>>,
+}
+
+impl Clients {
+    /// Serves the peer at `ip` through `client` (a connection registered on its own aside).
+    pub fn insert(&self, ip: IpAddr, client: SimStore) {
+        lock(&self.by_ip).insert(ip, client);
+    }
+
+    /// The client serving the peer at `ip`.
+    pub fn get(&self, ip: IpAddr) -> Option<SimStore> {
+        lock(&self.by_ip).get(&ip).cloned()
+    }
+
+    /// Serves the connection from `peer` through `client`.
+    pub(crate) fn connected(&self, peer: SocketAddr, client: SimStore) {
+        lock(&self.by_connection).insert(peer, client);
+    }
+
+    /// The client serving the connection from `peer`.
+    fn serving(&self, peer: SocketAddr) -> Option<SimStore> {
+        lock(&self.by_connection)
+            .get(&peer)
+            .cloned()
+            .or_else(|| self.get(peer.ip()))
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// etcd's KV, Lease, Watch and Maintenance services over one [`SimStore`]. Cloning is cheap:
 /// every clone serves the same store.
@@ -77,13 +113,7 @@ impl EtcdService {
     fn client<T>(&self, request: &Request<T>) -> SimStore {
         request
             .remote_addr()
-            .and_then(|a| {
-                self.clients
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(&a.ip())
-                    .cloned()
-            })
+            .and_then(|a| self.clients.serving(a))
             .unwrap_or_else(|| self.store.clone())
     }
 
