@@ -125,6 +125,7 @@ pub(crate) async fn campaign_with<S: KvLeaseStore + ?Sized>(
         .and_then([PutRequest::new(key.clone(), value.to_vec()).with_lease(lease)])
         .or_else([GetRequest::key(key.clone())]);
     let (written, turn) = settled(store.shared(), txn, turn).await;
+    guard.turn = turn;
     let resp = match written {
         Ok(r) => r,
         Err(e) => {
@@ -167,7 +168,7 @@ pub(crate) async fn campaign_with<S: KvLeaseStore + ?Sized>(
         Ok(()) => {
             guard.disarm();
             tracing::debug!(election = name, token = %leader.token, "campaign won");
-            Ok((leader, turn))
+            Ok((leader, guard.turn.take()))
         }
         // The guard deletes the key on the way out: a failed campaign leaves nothing queued.
         Err(err) => Err(err),
@@ -431,6 +432,11 @@ struct CleanupGuard {
     store: Option<Arc<DynKvLeaseStore>>,
     leader: LeaderKey,
     cleanup: Option<Cleanup>,
+    /// The session's turn, once the write gave it back: released only after the clean-up
+    /// was handed over (fields drop after `drop` runs). Released first, a campaign of the
+    /// same session on another thread could take the turn and number itself in between, and
+    /// the hand-over would then take the key for that campaign's and leave it standing.
+    turn: Option<Turn>,
 }
 
 impl CleanupGuard {
@@ -439,6 +445,7 @@ impl CleanupGuard {
             store: Some(store),
             leader,
             cleanup: Some(cleanup),
+            turn: None,
         }
     }
 
