@@ -16,9 +16,10 @@
 //!
 //! Every key records the count its user passed (its value, `permits=N`). A permit is handed
 //! out only on a read that finds the keys ahead of its own recording the same count (the
-//! reads that decide the seat, no other): of two users passing different counts, the one that
-//! queued later is refused with [`Error::InvalidArgument`] and its key released, rather than
-//! take more than its share.
+//! reads that decide the seat, no other): a user queued behind keys recording another count
+//! is refused with [`Error::InvalidArgument`] and its key released, rather than take more than
+//! its share. (A user of one permit shares no seat: it waits until its key is the oldest, and
+//! any user queued behind it with another count is refused then.)
 
 use std::time::Duration;
 

@@ -165,7 +165,6 @@ impl Inner {
         }
     }
 
-    /// Whether the local deadline counts (it always does, unless the planted bug is on).
     /// Resolves once the lease is gone at the store, or surely will be with no word from
     /// this process: a TTL past the local deadline (the store counts its TTL from a renewal's
     /// arrival, which came before its acknowledgement, and a reply later than a TTL renews
@@ -182,6 +181,7 @@ impl Inner {
         }
     }
 
+    /// Whether the local deadline counts (it always does, unless the planted bug is on).
     fn past_deadline(&self, now: Instant) -> bool {
         !ignores_deadline() && now >= self.state().deadline
     }
