@@ -295,7 +295,24 @@ impl KvLeaseStore for EtcdStore {
             .pool
             .call("txn", kind, txn_about(&req), |c| {
                 let (mut c, txn) = (c.kv_client(), convert::txn(&req));
-                async move { c.txn(txn).await }
+                async move {
+                    if kind == Kind::Write {
+                        return c.txn(txn).await;
+                    }
+                    // etcd 3.5.0 to 3.5.4 read a read-only transaction under the request's
+                    // own context and panic, taking the member down, if it is cancelled
+                    // mid-read (etcd#14110, docs/ETCD-BEHAVIOUR.md 3.11). Whoever stops
+                    // waiting (a caller dropped, the request timeout, a try on another
+                    // member), the request runs out on its own task, never cancelled from
+                    // here; it ends when the member answers or the connection goes.
+                    tokio::spawn(async move { c.txn(txn).await })
+                        .await
+                        .unwrap_or_else(|e| {
+                            Err(etcd_client::Error::GRpcStatus(tonic::Status::cancelled(
+                                format!("the read-only transaction's task ended: {e}"),
+                            )))
+                        })
+                }
             })
             .await;
         match res {

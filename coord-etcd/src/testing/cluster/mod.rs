@@ -406,6 +406,31 @@ impl EtcdCluster {
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
+    /// What member `i`'s log says of its death: from its first panic on (Go prints the
+    /// goroutine's stack after it, the cause first), or else its last lines.
+    fn log_of_death(&self, i: usize) -> String {
+        let text = std::fs::read_to_string(self.log_path(i)).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        match lines.iter().position(|l| l.contains("panic")) {
+            // zap's structured line carries the whole stack on one line: its start says it.
+            Some(at) => lines[at..lines.len().min(at + 12)]
+                .iter()
+                .map(|l| l.chars().take(400).collect::<String>())
+                .collect::<Vec<_>>()
+                .join("\n"),
+            None => self.log_tail(i),
+        }
+    }
+
+    /// The exit status of member `i` if it ended without the harness killing it.
+    fn died_on_its_own(&self, i: usize) -> Option<std::process::ExitStatus> {
+        let mut guard = self.members[i]
+            .child
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        guard.as_mut()?.try_wait().ok().flatten()
+    }
+
     fn exited(&self, i: usize) -> bool {
         let mut guard = self.members[i]
             .child
@@ -459,6 +484,18 @@ impl EtcdCluster {
 }
 impl Drop for EtcdCluster {
     fn drop(&mut self) {
+        // A member that died on its own (no `kill` took its child) leaves the only account
+        // of why in its log, which goes with the directory: print it where the failing
+        // test's output shows it.
+        for i in 0..self.members.len() {
+            if let Some(status) = self.died_on_its_own(i) {
+                eprintln!(
+                    "etcd member {} exited on its own ({status}); its log says:\n{}",
+                    self.members[i].name,
+                    self.log_of_death(i)
+                );
+            }
+        }
         // SIGKILL, not SIGTERM: a member of a cluster that lost quorum takes seconds to
         // shut down gracefully (docs/ETCD-BEHAVIOUR.md 4.1), and a paused member dies just the same.
         for i in 0..self.members.len() {
