@@ -23,9 +23,11 @@
 //! backoff.reset(); // after a success
 //! ```
 //!
-//! The loop around it is written once: [`until`] runs attempts until one finishes, waiting
-//! the next delay between them and ending the wait at a stop; [`call`] retries a store call
-//! while its error is [`Retryable`](crate::ErrorClass::Retryable). The delays come from the
+//! The loop around it is written once: [`until`] runs attempts until one finishes, each
+//! that does not saying how to go on ([`Pace`]: after the next delay, at once, or starting
+//! the backoff over) and a stop ending a wait; [`until_with`] is the same loop lending each
+//! attempt the caller's state; [`call`] retries a store call while its error is
+//! [`Retryable`](crate::ErrorClass::Retryable). The delays come from the
 //! presets below ([`Backoff::store`], [`Backoff::request`], [`Backoff::renewal`]) or from a
 //! recipe's own settings (a registration's or a candidate's `initial_backoff` and
 //! `max_backoff`).
@@ -122,48 +124,137 @@ impl Backoff {
     }
 }
 
+/// How the loop of [`until`] goes on after an attempt that did not finish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pace {
+    /// Wait the backoff's next delay first: the attempt failed.
+    Backoff,
+    /// Go again at once, the backoff as it is: the attempt made progress and has more to
+    /// do, or what failed has another way to try without waiting (another member).
+    AtOnce,
+    /// Start the backoff over and go again at once: what failed had worked until now (a
+    /// stream that delivered before it broke).
+    StartOver,
+}
+
+/// `Continue(())` waits the next delay, as most attempts that fail want.
+impl From<()> for Pace {
+    fn from((): ()) -> Pace {
+        Pace::Backoff
+    }
+}
+
 /// Runs `attempt` (given its number, from 1) until it finishes with
-/// [`ControlFlow::Break`], waiting `backoff`'s next delay after each
-/// [`ControlFlow::Continue`]. `stop` ends a wait between attempts: the loop then returns its
-/// output as `Err`. An attempt in flight is never dropped here; one that must end at the stop
-/// selects on it itself. `backoff` is not reset: what counts as a success is the caller's to
-/// say.
+/// [`ControlFlow::Break`]; after a [`ControlFlow::Continue`] it goes on as the [`Pace`] it
+/// carries says (`Continue(())`: after the next delay). `stop` ends a wait between attempts:
+/// the loop then returns its output as `Err`. An attempt in flight is never dropped here; one
+/// that must end at the stop selects on it itself. `backoff` is not reset on a `Break`: what
+/// counts as a success is the caller's to say. An attempt that must change what the caller
+/// holds takes it from [`until_with`].
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
 /// # async fn main() {
 /// use std::ops::ControlFlow;
-/// use coord_api::retry::{self, Backoff};
+/// use coord_api::retry::{self, Backoff, Pace};
 ///
 /// let mut backoff = Backoff::store(retry::seed(&[b"example"]));
 /// let done = retry::until(&mut backoff, std::future::pending::<()>(), |n| async move {
-///     if n < 3 { ControlFlow::Continue(()) } else { ControlFlow::Break(n) }
+///     match n {
+///         1 => ControlFlow::Continue(Pace::AtOnce),
+///         2 => ControlFlow::Continue(Pace::Backoff),
+///         _ => ControlFlow::Break(n),
+///     }
 /// })
 /// .await;
 /// assert_eq!(done, Ok(3));
 /// # }
 /// ```
-pub async fn until<T, S, F, Fut>(
+pub async fn until<T, S, C, F, Fut>(
     backoff: &mut Backoff,
     stop: impl Future<Output = S>,
     mut attempt: F,
 ) -> Result<T, S>
 where
+    C: Into<Pace>,
     F: FnMut(u32) -> Fut,
-    Fut: Future<Output = ControlFlow<T>>,
+    Fut: Future<Output = ControlFlow<T, C>>,
 {
     let mut stop = std::pin::pin!(stop);
     let mut n = 0;
     loop {
         n += 1;
-        if let ControlFlow::Break(done) = attempt(n).await {
-            return Ok(done);
+        match attempt(n).await {
+            ControlFlow::Break(done) => return Ok(done),
+            ControlFlow::Continue(pace) => pause(backoff, stop.as_mut(), pace.into()).await?,
         }
-        tokio::select! {
+    }
+}
+
+/// An attempt of [`until_with`]: lent the caller's state for as long as it runs.
+pub type Attempt<'a, T, C> = std::pin::Pin<Box<dyn Future<Output = ControlFlow<T, C>> + Send + 'a>>;
+
+/// As [`until`], lending each attempt `state` (a worker's own fields, a stream it keeps
+/// between attempts). The attempt returns its future boxed (`Box::pin(async move { .. })`),
+/// which is what lets it borrow `state` and still be `Send`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// use std::ops::ControlFlow;
+/// use coord_api::retry::{self, Backoff, Pace};
+///
+/// let mut backoff = Backoff::store(retry::seed(&[b"example"]));
+/// let mut seen = Vec::new();
+/// let done = retry::until_with(&mut backoff, std::future::pending::<()>(), &mut seen, |seen, n| {
+///     Box::pin(async move {
+///         seen.push(n);
+///         if n < 3 { ControlFlow::Continue(Pace::StartOver) } else { ControlFlow::Break(n) }
+///     })
+/// })
+/// .await;
+/// assert_eq!((done, seen), (Ok(3), vec![1, 2, 3]));
+/// # }
+/// ```
+pub async fn until_with<St, T, S, C, F>(
+    backoff: &mut Backoff,
+    stop: impl Future<Output = S>,
+    state: &mut St,
+    mut attempt: F,
+) -> Result<T, S>
+where
+    St: ?Sized,
+    C: Into<Pace>,
+    F: for<'a> FnMut(&'a mut St, u32) -> Attempt<'a, T, C>,
+{
+    let mut stop = std::pin::pin!(stop);
+    let mut n = 0;
+    loop {
+        n += 1;
+        match attempt(&mut *state, n).await {
+            ControlFlow::Break(done) => return Ok(done),
+            ControlFlow::Continue(pace) => pause(backoff, stop.as_mut(), pace.into()).await?,
+        }
+    }
+}
+
+/// Between two attempts: what `pace` asks, or the stop's output if it comes first.
+async fn pause<S>(
+    backoff: &mut Backoff,
+    stop: std::pin::Pin<&mut impl Future<Output = S>>,
+    pace: Pace,
+) -> Result<(), S> {
+    match pace {
+        Pace::AtOnce => Ok(()),
+        Pace::StartOver => {
+            backoff.reset();
+            Ok(())
+        }
+        Pace::Backoff => tokio::select! {
             biased;
-            stopped = &mut stop => return Err(stopped),
-            () = backoff.wait() => {}
-        }
+            stopped = stop => Err(stopped),
+            () = backoff.wait() => Ok(()),
+        },
     }
 }
 
@@ -228,6 +319,62 @@ mod tests {
         }
         b.reset();
         assert!(b.next_delay() <= Duration::from_millis(100));
+    }
+
+    /// Each pace as it says: at once waits nothing and leaves the backoff where it was, a
+    /// start-over waits nothing and starts it over, a backoff waits its next delay; a stop
+    /// ends a wait.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn each_pace_waits_as_it_says_and_a_stop_ends_a_wait() {
+        use tokio::time::Instant;
+        let ms = Duration::from_millis;
+        let fresh = || Backoff::new(ms(100), ms(10_000), 3);
+        // What the loop waited before each attempt, for a run of paces.
+        async fn waits(backoff: &mut Backoff, paces: &[Pace]) -> Vec<Duration> {
+            let mut last = Instant::now();
+            let mut waited = Vec::new();
+            let done = until(backoff, std::future::pending::<()>(), |n| {
+                waited.push(last.elapsed());
+                last = Instant::now();
+                let pace = paces.get(n as usize - 1).copied();
+                async move { pace.map_or(ControlFlow::Break(n), ControlFlow::Continue) }
+            })
+            .await;
+            assert_eq!(done, Ok(paces.len() as u32 + 1));
+            waited
+        }
+        let mut b = fresh();
+        let w = waits(
+            &mut b,
+            &[Pace::Backoff, Pace::Backoff, Pace::AtOnce, Pace::Backoff],
+        )
+        .await;
+        let mut expected = fresh();
+        let (d1, d2, d3) = (
+            expected.next_delay(),
+            expected.next_delay(),
+            expected.next_delay(),
+        );
+        // tokio's timer rounds a sleep up to its next millisecond.
+        let rounded = |d: Duration| ms(d.as_nanos().div_ceil(1_000_000) as u64);
+        let expected = [Duration::ZERO, d1, d2, Duration::ZERO, d3].map(rounded);
+        assert_eq!(w, expected, "at once keeps the step");
+        let mut b = fresh();
+        let w = waits(
+            &mut b,
+            &[Pace::Backoff, Pace::Backoff, Pace::StartOver, Pace::Backoff],
+        )
+        .await;
+        assert_eq!(w[3], Duration::ZERO);
+        assert!(w[4] <= ms(100), "started over: {:?}", w[4]);
+
+        let mut b = fresh();
+        let start = Instant::now();
+        let stopped = until(&mut b, tokio::time::sleep(ms(30)), |_| async {
+            ControlFlow::<(), Pace>::Continue(Pace::Backoff)
+        })
+        .await;
+        assert_eq!((stopped, start.elapsed()), (Err(()), ms(30)));
     }
 
     #[test]

@@ -4,12 +4,13 @@
 //! go through it.
 
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use coord_api::retry::{self, Backoff};
+use coord_api::retry::{self, Backoff, Pace};
 use coord_api::{Error, Result};
 use etcd_client::Client;
 use tokio::time::Instant;
@@ -520,104 +521,149 @@ impl Pool {
         // coord's one retry policy (jittered, seeded), at a request's scale, within the
         // request timeout.
         let mut backoff = Backoff::request(retry::seed(&[op.as_bytes(), about]));
-        let mut attempt = 0usize;
-        loop {
-            let idx = self.current();
-            let sent = Instant::now();
-            let outcome = tokio::time::timeout_at(deadline, async {
-                let (streams, terms) = self.connect(idx).await?;
-                let replaced = streams.clone();
-                let connection = Connection {
-                    endpoint: idx,
-                    streams,
-                };
-                // Replaced between the two (another request found it dead): go again, on the
-                // new one; nothing was sent.
-                let Some(request) = self.lend(idx, |c| f(c, connection)) else {
-                    return Ok(None);
-                };
-                self.asked(idx, sent);
-                let _writing = (kind == Kind::Write).then(|| terms.writing(sent));
-                // A read whose connection is replaced meanwhile (another request found it
-                // dead) goes again on the new one rather than wait out the request timeout
-                // on the old. A write may have been applied: its caller must be told, and not
-                // before the request timeout. A connection left for its silence may only be
-                // stalled, and a write still on it lands when it thaws: a caller told at
-                // once moves on while its write is in flight (tried: turmoil seed 7783, a
-                // registration's heal held 5.6 s, reported at the probe's 2 s, landed after
-                // the registration's stop had returned).
-                tokio::select! {
-                    biased;
-                    r = request => r.map(|v| {
-                        if let Some(term) = v.raft_term() {
-                            terms.observe(sent, term);
+        let longest_wait = backoff.max_delay();
+        // Lent to each attempt: the future an attempt returns may borrow only from it.
+        let mut lent = (self, &mut f, 0usize);
+        let sent = retry::until_with(
+            &mut backoff,
+            std::future::pending::<std::convert::Infallible>(),
+            &mut lent,
+            move |(pool, f, failed), _| {
+                let pool = *pool;
+                Box::pin(async move {
+                    let (idx, err) = match pool.attempt(op, kind, deadline, *f).await {
+                        Attempt::Answered(v) => return ControlFlow::Break(Ok(v)),
+                        // Replaced before it was sent: nothing went out; go again at once.
+                        Attempt::Unsent => return ControlFlow::Continue(Pace::AtOnce),
+                        Attempt::Failed(idx, err) if err.is_retryable() => (idx, err),
+                        Attempt::Failed(_, err) | Attempt::Over(err) => {
+                            return ControlFlow::Break(Err(err))
                         }
-                        Some(v)
-                    }).map_err(|e| {
-                        // A member's refusal is an answer: its connection is alive.
-                        if from_member(&e) {
-                            self.answered(idx, sent);
-                        }
-                        map(op, kind, e)
-                    }),
-                    _ = replaced.cancelled(), if kind == Kind::Read => Ok(None),
-                    // Stranded by a leader change, and settled: applied, or never to be
-                    // (`crate::settle`). The caller hears so now, not at the timeout.
-                    () = terms.settled(sent), if kind == Kind::Write => Err(Error::Indeterminate {
+                    };
+                    pool.fail_over_after(idx, &err);
+                    *failed += 1;
+                    // The first pass over the other members goes at once; after that, back
+                    // off, unless the longest wait would run into the request timeout.
+                    if *failed < n {
+                        return ControlFlow::Continue(Pace::AtOnce);
+                    }
+                    if Instant::now() + longest_wait >= deadline {
+                        return ControlFlow::Break(Err(err));
+                    }
+                    tracing::debug!(operation = op, attempt = *failed, error = %error_chain(&err), "retrying");
+                    ControlFlow::Continue(Pace::Backoff)
+                })
+            },
+        );
+        let Ok(sent) = sent.await;
+        sent
+    }
+
+    /// One try of [`call_on`](Self::call_on) on the current member.
+    async fn attempt<T, F, Fut>(
+        &self,
+        op: &'static str,
+        kind: Kind,
+        deadline: Instant,
+        f: &mut F,
+    ) -> Attempt<T>
+    where
+        F: FnMut(&Client, Connection) -> Fut + Send,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>> + Send,
+        T: Send + Headed,
+    {
+        let idx = self.current();
+        let sent = Instant::now();
+        let outcome = tokio::time::timeout_at(deadline, async {
+            let (streams, terms) = self.connect(idx).await?;
+            let replaced = streams.clone();
+            let connection = Connection {
+                endpoint: idx,
+                streams,
+            };
+            // Replaced between the two (another request found it dead): go again, on the
+            // new one; nothing was sent.
+            let Some(request) = self.lend(idx, |c| f(c, connection)) else {
+                return Ok(None);
+            };
+            self.asked(idx, sent);
+            let _writing = (kind == Kind::Write).then(|| terms.writing(sent));
+            // A read whose connection is replaced meanwhile (another request found it
+            // dead) goes again on the new one rather than wait out the request timeout
+            // on the old. A write may have been applied: its caller must be told, and not
+            // before the request timeout. A connection left for its silence may only be
+            // stalled, and a write still on it lands when it thaws: a caller told at
+            // once moves on while its write is in flight (tried: turmoil seed 7783, a
+            // registration's heal held 5.6 s, reported at the probe's 2 s, landed after
+            // the registration's stop had returned).
+            tokio::select! {
+                biased;
+                r = request => r.map(|v| {
+                    if let Some(term) = v.raft_term() {
+                        terms.observe(sent, term);
+                    }
+                    Some(v)
+                }).map_err(|e| {
+                    // A member's refusal is an answer: its connection is alive.
+                    if from_member(&e) {
+                        self.answered(idx, sent);
+                    }
+                    map(op, kind, e)
+                }),
+                _ = replaced.cancelled(), if kind == Kind::Read => Ok(None),
+                // Stranded by a leader change, and settled: applied, or never to be
+                // (`crate::settle`). The caller hears so now, not at the timeout.
+                () = terms.settled(sent), if kind == Kind::Write => Err(Error::Indeterminate {
+                    backend: BACKEND,
+                    operation: op,
+                    source: "the member's raft leader changed while the write waited on it: \
+                             it was applied before the change, or it never will be"
+                        .into(),
+                }),
+            }
+        })
+        .await;
+        match outcome {
+            Ok(Ok(Some(v))) => {
+                self.answered(idx, sent);
+                Attempt::Answered(v)
+            }
+            Ok(Ok(None)) => Attempt::Unsent,
+            Ok(Err(e)) => Attempt::Failed(idx, e),
+            Err(_) => {
+                // A member that answers nothing within the request timeout (stopped,
+                // cut off) would hold the next request as long: move on (first, so that
+                // what the replacement ends goes again on the next member).
+                self.fail_over(idx);
+                self.reconnect(idx);
+                self.reconnect_waiting_since(idx, sent);
+                let source = format!("no answer within {:?}", self.request_timeout());
+                Attempt::Over(match kind {
+                    Kind::Read => Error::Unavailable {
                         backend: BACKEND,
                         operation: op,
-                        source: "the member's raft leader changed while the write waited on it: \
-                                 it was applied before the change, or it never will be"
-                            .into(),
-                    }),
-                }
-            })
-            .await;
-            let err = match outcome {
-                Ok(Ok(Some(v))) => {
-                    self.answered(idx, sent);
-                    return Ok(v);
-                }
-                Ok(Ok(None)) => continue,
-                Ok(Err(e)) => e,
-                Err(_) => {
-                    // A member that answers nothing within the request timeout (stopped,
-                    // cut off) would hold the next request as long: move on (first, so that
-                    // what the replacement ends goes again on the next member).
-                    self.fail_over(idx);
-                    self.reconnect(idx);
-                    self.reconnect_waiting_since(idx, sent);
-                    let source = format!("no answer within {:?}", self.request_timeout());
-                    return Err(match kind {
-                        Kind::Read => Error::Unavailable {
-                            backend: BACKEND,
-                            operation: op,
-                            source: source.into(),
-                        },
-                        Kind::Write => Error::Indeterminate {
-                            backend: BACKEND,
-                            operation: op,
-                            source: source.into(),
-                        },
-                    });
-                }
-            };
-            if !err.is_retryable() {
-                return Err(err);
-            }
-            self.fail_over_after(idx, &err);
-            attempt += 1;
-            // The first pass over the other members goes at once; after that, back off.
-            if attempt >= n {
-                let delay = backoff.next_delay();
-                if Instant::now() + delay >= deadline {
-                    return Err(err);
-                }
-                tracing::debug!(operation = op, attempt, backoff_ms = delay.as_millis() as u64, error = %error_chain(&err), "retrying");
-                tokio::time::sleep(delay).await;
+                        source: source.into(),
+                    },
+                    Kind::Write => Error::Indeterminate {
+                        backend: BACKEND,
+                        operation: op,
+                        source: source.into(),
+                    },
+                })
             }
         }
     }
+}
+
+/// How one try of a request ended.
+enum Attempt<T> {
+    Answered(T),
+    /// Its connection was replaced before it went out.
+    Unsent,
+    /// Failed on member `.0`, as the error's class says.
+    Failed(usize, Error),
+    /// The request timeout passed: it ends here, whatever the class.
+    Over(Error),
 }
 
 /// An error and its sources on one line, for messages that must say everything.

@@ -34,6 +34,7 @@
 //! }
 //! ```
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -601,15 +602,25 @@ pub fn observe(store: Arc<DynKvLeaseStore>, name: &str) -> Result<LeaderStream> 
             let Some(current) = first_created(snapshot.kvs) else {
                 // No candidate yet: wait for one to appear (or the watch to break), then
                 // re-read.
-                match store.watch(WatchRequest::prefix(prefix.clone()).with_start_revision(from)).await {
-                    Ok(mut w) => {
-                        while let Some(Ok(batch)) = w.next().await {
-                            if batch.events.iter().any(|e| e.kind == EventKind::Put) {
-                                break;
-                            }
+                let req = WatchRequest::prefix(prefix.clone()).with_start_revision(from);
+                let watched = retry::until(&mut backoff, std::future::pending::<std::convert::Infallible>(), |_| {
+                    let sent = store.watch(req.clone());
+                    async move {
+                        match sent.await {
+                            Ok(w) => ControlFlow::Break(Some(w)),
+                            // Gone from history: the re-read says what there is.
+                            Err(Error::Compacted { .. }) => ControlFlow::Break(None),
+                            Err(_) => ControlFlow::Continue(()),
                         }
                     }
-                    Err(_) => backoff.wait().await,
+                });
+                let Ok(watched) = watched.await;
+                if let Some(mut w) = watched {
+                    while let Some(Ok(batch)) = w.next().await {
+                        if batch.events.iter().any(|e| e.kind == EventKind::Put) {
+                            break;
+                        }
+                    }
                 }
                 continue;
             };

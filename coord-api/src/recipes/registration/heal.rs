@@ -125,14 +125,12 @@ pub(super) async fn establish(
         }
     };
     healing_at(1);
-    if healing {
-        tokio::select! {
-            biased;
-            _ = cancel.stopped() => return None,
-            () = backoff.wait() => {}
+    let registered = retry::until(&mut *backoff, cancel.stopped(), |turn| async move {
+        // Healing, the first turn only waits: the loss may be the store restarting.
+        let attempt = if healing { turn - 1 } else { turn };
+        if attempt == 0 {
+            return ControlFlow::Continue(());
         }
-    }
-    let registered = retry::until(&mut *backoff, cancel.stopped(), |attempt| async move {
         crate::hooks::explore::point().await;
         // A cancel that lands while the lease is granted ends the attempt; one that lands
         // during the put waits for it: the attempt has published its lease first, so stop()

@@ -1,6 +1,7 @@
 //! The watcher's task: it lists, watches from the listing's revision, applies each batch to
 //! the view, resumes a broken watch and re-lists after a compaction.
 
+use crate::retry::Pace;
 use std::convert::Infallible;
 use std::future::pending;
 use std::ops::ControlFlow;
@@ -222,72 +223,82 @@ impl Worker {
     /// Follows the prefix until stopped. Stopped by being dropped where it waits
     /// ([`Task::spawn_abortable`]): it holds nothing a stop must let go of, and a stop while
     /// it waits for the consumer to make room ends it at once.
-    pub(super) async fn run(mut self, mut backoff: Backoff) {
+    pub(super) async fn run(self, mut backoff: Backoff) {
         self.flush().await;
         // Every watch starts at the last revision seen, the listing's or an event's, never
         // the one after it (see the module docs).
-        let mut from = self.view.revision.max(Revision(1));
-        loop {
-            let outcome = self.follow(from).await;
-            if self.planted_skip_relist(&outcome).await {
-                from = self.view.revision.next();
-                continue;
-            }
-            let resume = match &outcome {
-                Broken::Closed { delivered, .. } => Some((*delivered, "closed")),
-                Broken::Stuck { delivered, .. } => Some((*delivered, "stuck")),
-                Broken::Compacted(_) => None,
-            };
-            match resume {
-                Some((delivered, reason)) => {
-                    if reason == "stuck" {
-                        tracing::warn!(why = %outcome, revision = %self.view.revision, "watch stuck; resuming on a new stream");
-                    } else {
-                        tracing::debug!(why = %outcome, revision = %self.view.revision, "watch broken; resuming");
-                    }
-                    crate::metrics::record::watcher_resumed(&self.config.prefix, reason);
-                    from = self.view.revision.max(Revision(1));
-                    if delivered {
-                        // It worked until now: resume at once.
-                        start_over(&mut backoff);
-                        continue;
-                    }
-                    // The store is unreachable, or breaks every stream at once: back off.
-                    backoff.wait().await;
-                    continue;
-                }
-                None => crate::metrics::record::watcher_relisted(&self.config.prefix, "compacted"),
-            }
-            tracing::warn!(reason = %outcome, revision = %self.view.revision, "watch broken; re-listing");
-            // Re-list until it works and is not behind what we have seen.
-            let (this, seen) = (&self, self.view.revision);
-            let relisted = retry::until(&mut backoff, pending::<Infallible>(), |_| async move {
-                match this.list().await {
-                    Ok(l) if l.0 >= seen => ControlFlow::Break(l),
-                    Ok(l) => {
-                        tracing::warn!(
-                            listed = %l.0,
-                            %seen,
-                            "listing older than the view (stale member?); rejected"
-                        );
-                        ControlFlow::Continue(())
-                    }
-                    Err(e) => {
-                        tracing::debug!(error = &e as &dyn std::error::Error, "re-list failed");
-                        ControlFlow::Continue(())
-                    }
-                }
-            });
-            let Ok(listing) = relisted.await;
-            self.apply_listing(listing).await;
-            from = self.view.revision.max(Revision(1));
-            start_over(&mut backoff);
-            tracing::info!(
-                revision = %self.view.revision,
-                hosts = self.view.hosts.len(),
-                "watcher resynced"
-            );
+        let from = self.view.revision.max(Revision(1));
+        let mut state = (self, from);
+        let Ok(never) = retry::until_with(
+            &mut backoff,
+            pending::<Infallible>(),
+            &mut state,
+            |(w, from), _| Box::pin(w.follow_once(from)),
+        )
+        .await;
+        match never {}
+    }
+
+    /// One stream, followed until it breaks, and what it takes to go on: resume (at once if
+    /// it delivered, else after the backoff), or re-list (and start over).
+    async fn follow_once(&mut self, from: &mut Revision) -> ControlFlow<Infallible, Pace> {
+        let outcome = self.follow(*from).await;
+        if self.planted_skip_relist(&outcome).await {
+            *from = self.view.revision.next();
+            return ControlFlow::Continue(Pace::AtOnce);
         }
+        let resume = match &outcome {
+            Broken::Closed { delivered, .. } => Some((*delivered, "closed")),
+            Broken::Stuck { delivered, .. } => Some((*delivered, "stuck")),
+            Broken::Compacted(_) => None,
+        };
+        if let Some((delivered, reason)) = resume {
+            if reason == "stuck" {
+                tracing::warn!(why = %outcome, revision = %self.view.revision, "watch stuck; resuming on a new stream");
+            } else {
+                tracing::debug!(why = %outcome, revision = %self.view.revision, "watch broken; resuming");
+            }
+            crate::metrics::record::watcher_resumed(&self.config.prefix, reason);
+            *from = self.view.revision.max(Revision(1));
+            // It worked until now: resume at once. Otherwise the store is unreachable, or
+            // breaks every stream at once: back off.
+            return ControlFlow::Continue(if delivered {
+                start_over()
+            } else {
+                Pace::Backoff
+            });
+        }
+        crate::metrics::record::watcher_relisted(&self.config.prefix, "compacted");
+        tracing::warn!(reason = %outcome, revision = %self.view.revision, "watch broken; re-listing");
+        // Re-list until it works and is not behind what we have seen.
+        let (this, seen) = (&*self, self.view.revision);
+        let mut backoff = Backoff::store(retry::seed(&[this.config.prefix.as_bytes()]));
+        let relisted = retry::until(&mut backoff, pending::<Infallible>(), |_| async move {
+            match this.list().await {
+                Ok(l) if l.0 >= seen => ControlFlow::Break(l),
+                Ok(l) => {
+                    tracing::warn!(
+                        listed = %l.0,
+                        %seen,
+                        "listing older than the view (stale member?); rejected"
+                    );
+                    ControlFlow::Continue(Pace::Backoff)
+                }
+                Err(e) => {
+                    tracing::debug!(error = &e as &dyn std::error::Error, "re-list failed");
+                    ControlFlow::Continue(Pace::Backoff)
+                }
+            }
+        });
+        let Ok(listing) = relisted.await;
+        self.apply_listing(listing).await;
+        *from = self.view.revision.max(Revision(1));
+        tracing::info!(
+            revision = %self.view.revision,
+            hosts = self.view.hosts.len(),
+            "watcher resynced"
+        );
+        ControlFlow::Continue(start_over())
     }
 
     /// The planted watcher bugs: resume without re-listing. True when one applied.
@@ -502,9 +513,11 @@ impl Worker {
     }
 }
 
-/// Starts the backoff over after a success (a stream that delivered, a re-list).
-fn start_over(backoff: &mut Backoff) {
-    if !crate::hooks::planted::enabled(crate::hooks::planted::Bug::WatcherBackoffNeverResets) {
-        backoff.reset();
+/// After a success (a stream that delivered, a re-list): start the backoff over.
+fn start_over() -> Pace {
+    if crate::hooks::planted::enabled(crate::hooks::planted::Bug::WatcherBackoffNeverResets) {
+        Pace::AtOnce
+    } else {
+        Pace::StartOver
     }
 }
