@@ -295,6 +295,8 @@ impl Driver {
             FaultKind::Compact => w.compaction(f, true),
             // Applied, and recorded as they act, by `apply`.
             FaultKind::Revoke | FaultKind::Delete => {}
+            // Never scheduled: recorded as a leader stall brings it about.
+            FaultKind::ResumeRevoke => {}
             FaultKind::Crash => {
                 if self.nest(Nest::Crash, n, true) {
                     w.crash(n);
@@ -307,20 +309,24 @@ impl Driver {
             | FaultKind::MemberIsolation
             | FaultKind::LeaderCrash
             | FaultKind::MemberStall
-            | FaultKind::MemberSlow => {
+            | FaultKind::MemberSlow
+            | FaultKind::LeaderStall => {
                 // Member crashes, isolations, stalls and slowness hit a follower (the next
-                // member when the drawn one leads); a leader's loss is the leader crash's.
+                // member when the drawn one leads); a leader's loss is the leader crash's
+                // and the leader stall's.
                 let Some(leader) = w.leader() else {
                     return;
                 };
                 let member = match f.kind {
-                    FaultKind::LeaderCrash => leader,
+                    FaultKind::LeaderCrash | FaultKind::LeaderStall => leader,
                     _ if n % w.members() == leader => (leader + 1) % w.members(),
                     _ => n % w.members(),
                 };
                 match f.kind {
                     FaultKind::MemberIsolation => w.member_isolated(Some(member)),
-                    FaultKind::MemberStall => w.member_stalled(member, true),
+                    FaultKind::MemberStall | FaultKind::LeaderStall => {
+                        w.member_stalled(member, true)
+                    }
                     FaultKind::MemberSlow => w.member_slowed(member, f.added_latency()),
                     _ => w.member_down(member, true),
                 }
@@ -375,14 +381,17 @@ impl Driver {
             | FaultKind::MemberIsolation
             | FaultKind::LeaderCrash
             | FaultKind::MemberStall
-            | FaultKind::MemberSlow => {
+            | FaultKind::MemberSlow
+            | FaultKind::LeaderStall => {
                 // Only the fault in force has anything to undo.
                 let Some((_, member)) = self.member_fault.take_if(|(g, _)| g == f) else {
                     return;
                 };
                 match f.kind {
                     FaultKind::MemberIsolation => w.member_isolated(None),
-                    FaultKind::MemberStall => w.member_stalled(member, false),
+                    FaultKind::MemberStall | FaultKind::LeaderStall => {
+                        w.member_stalled(member, false)
+                    }
                     FaultKind::MemberSlow => w.member_slowed(member, Duration::ZERO),
                     _ => w.member_down(member, false),
                 }
@@ -395,7 +404,8 @@ impl Driver {
             | FaultKind::Revoke
             | FaultKind::Delete
             | FaultKind::Restart
-            | FaultKind::Stop => {}
+            | FaultKind::Stop
+            | FaultKind::ResumeRevoke => {}
         }
     }
 }

@@ -64,21 +64,33 @@ pub enum FaultKind {
     /// A follower answers every request and stream message late (by 0.1 to 6 s) while its
     /// peers see nothing wrong. Needs members.
     MemberSlow,
+    /// The raft leader stalls (as [`MemberStall`](Self::MemberStall)): its peers elect
+    /// another after an election timeout, and it follows once thawed. On etcd 3.4 it first
+    /// revokes the leases it saw overdue ([`ResumeRevoke`](Self::ResumeRevoke)). Needs
+    /// members.
+    LeaderStall,
+    /// Not drawn: what a [`LeaderStall`](Self::LeaderStall) does on etcd 3.4 when its
+    /// successor led before the thaw (etcd#15247): the old leader revokes every lease it saw
+    /// overdue, however the new one renewed it. Recorded once per lease it ended, when it
+    /// ended, so that the checkers excuse a loss to it as they do an operator's revoke.
+    ResumeRevoke,
 }
 
 impl FaultKind {
     /// The kinds that need the store served as several members.
-    pub const MEMBERS: [FaultKind; 6] = [
+    pub const MEMBERS: [FaultKind; 7] = [
         FaultKind::MemberCrash,
         FaultKind::MemberIsolation,
         FaultKind::LeaderCrash,
         FaultKind::LeaderTransfer,
         FaultKind::MemberStall,
         FaultKind::MemberSlow,
+        FaultKind::LeaderStall,
     ];
 
-    /// Every kind.
-    pub const ALL: [FaultKind; 22] = [
+    /// Every kind a schedule draws (all but [`ResumeRevoke`](Self::ResumeRevoke), which a
+    /// leader stall brings about).
+    pub const ALL: [FaultKind; 23] = [
         FaultKind::Partition,
         FaultKind::OneWay,
         FaultKind::Hold,
@@ -101,7 +113,19 @@ impl FaultKind {
         FaultKind::LeaderTransfer,
         FaultKind::MemberStall,
         FaultKind::MemberSlow,
+        FaultKind::LeaderStall,
     ];
+
+    /// Every kind a history may hold: the drawn ones and what they bring about.
+    pub const RECORDED: [FaultKind; 24] = {
+        let mut all = [FaultKind::ResumeRevoke; 24];
+        let mut i = 0;
+        while i < FaultKind::ALL.len() {
+            all[i] = FaultKind::ALL[i];
+            i += 1;
+        }
+        all
+    };
 
     /// The command-line name.
     pub fn name(self) -> &'static str {
@@ -128,6 +152,8 @@ impl FaultKind {
             FaultKind::LeaderTransfer => "leader-transfer",
             FaultKind::MemberStall => "member-stall",
             FaultKind::MemberSlow => "member-slow",
+            FaultKind::LeaderStall => "leader-stall",
+            FaultKind::ResumeRevoke => "resume-revoke",
         }
     }
 
@@ -177,6 +203,7 @@ impl FaultKind {
                 | FaultKind::LeaderCrash
                 | FaultKind::MemberStall
                 | FaultKind::MemberSlow
+                | FaultKind::LeaderStall
         )
     }
 
@@ -201,6 +228,16 @@ impl FaultKind {
                 | FaultKind::LeaderTransfer
                 | FaultKind::MemberStall
                 | FaultKind::MemberSlow
+                | FaultKind::LeaderStall
+        )
+    }
+
+    /// Whether the fault takes leases or keys from live nodes, as an operator's revoke or
+    /// delete does: a loss soon after it is its doing.
+    pub fn takes_leases(self) -> bool {
+        matches!(
+            self,
+            FaultKind::Revoke | FaultKind::Delete | FaultKind::ResumeRevoke
         )
     }
 }
@@ -387,7 +424,7 @@ pub fn schedule(scenario: &Scenario, rng: &mut Rng) -> Vec<Fault> {
                 | FaultKind::LeaderCrash => Duration::from_millis(rng.between(100, ttl_ms * 2)),
                 // From a blip to three TTLs: a sick member may stay sick for any length of
                 // time, and nothing may be lost to it.
-                FaultKind::MemberStall | FaultKind::MemberSlow => {
+                FaultKind::MemberStall | FaultKind::MemberSlow | FaultKind::LeaderStall => {
                     Duration::from_millis(rng.between(100, ttl_ms * 3))
                 }
                 FaultKind::Crash => Duration::from_millis(rng.between(ttl_ms / 2, ttl_ms * 3)),

@@ -146,7 +146,7 @@ pub use keys::{election_name, host_key, work_key, HOSTS};
 pub use recorder::Recorder;
 pub use rng::Rng;
 pub use runner::{Report, Runner, SeedOutcome};
-pub use scenario::Scenario;
+pub use scenario::{EtcdRelease, Scenario};
 pub use service::{Node, PartStopRequest, Service, WorkGuard};
 pub use svg::timeline_svg;
 pub use timeline::{timeline, timeline_with_store};

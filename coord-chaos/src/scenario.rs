@@ -55,6 +55,43 @@ pub struct Scenario {
     /// times drawn from the seed, so that a task that signals before it publishes is caught
     /// on one thread too.
     pub explore: bool,
+    /// Over turmoil: which etcd the members answer as, where a client can tell (a member cut
+    /// off rejoins with an election on 3.4, without on 3.5; a raft leader replaced while
+    /// stalled revokes the leases it saw overdue on resuming on 3.4, etcd#15247). `None`
+    /// (the default) draws one from each seed, either equally.
+    pub etcd_version: Option<EtcdRelease>,
+}
+
+/// An etcd release a turmoil run's members answer as ([`Scenario::etcd_version`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EtcdRelease {
+    /// etcd 3.4 (as measured on 3.4.23).
+    V3_4,
+    /// etcd 3.5 (as measured on 3.5.1).
+    V3_5,
+}
+
+impl EtcdRelease {
+    /// The release of a run: `chosen`, or one drawn from `seed` (apart from the fault
+    /// schedule's draws, which it leaves as they were).
+    pub fn of_run(chosen: Option<EtcdRelease>, seed: u64) -> EtcdRelease {
+        chosen.unwrap_or_else(|| {
+            if crate::rng::Rng::new(seed ^ 0x0e7c_d035_0304_0305).chance(0.5) {
+                EtcdRelease::V3_4
+            } else {
+                EtcdRelease::V3_5
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for EtcdRelease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EtcdRelease::V3_4 => "3.4",
+            EtcdRelease::V3_5 => "3.5",
+        })
+    }
 }
 
 impl Default for Scenario {
@@ -78,6 +115,7 @@ impl Default for Scenario {
             latency: Duration::from_millis(1),
             turmoil_tick: Duration::from_millis(10),
             explore: true,
+            etcd_version: None,
         }
     }
 }

@@ -54,6 +54,7 @@ fn store_lines(entry: &Entry, clients: &BTreeMap<u64, Incarnation>) -> Vec<Strin
         },
         Origin::Expiry => "by expiry".to_owned(),
         Origin::Store => "by the store".to_owned(),
+        Origin::StaleLeader => "by a stale leader on resuming (etcd#15247)".to_owned(),
     };
     match entry {
         Entry::Commit {

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use coord_api::sync::{watch, Stop};
 use coord_etcd::{EtcdConfig, EtcdStore, MemberChannel};
-use coord_sim::grpc::{channel_as, Clients, SimCluster, ETCD_PORT};
+use coord_sim::grpc::{channel_as, Clients, EtcdVersion, SimCluster, ETCD_PORT};
+use coord_sim::journal::{Entry, Origin};
 use coord_sim::{CompactionTask, SimConfig, SimStore};
 
 use crate::driver::{actions, Driver, World};
@@ -22,7 +23,7 @@ use crate::fault::{Fault, FaultKind};
 use crate::history::{Happening, History, Incarnation};
 use crate::inprocess::operate;
 use crate::recorder::Recorder;
-use crate::scenario::Scenario;
+use crate::scenario::{EtcdRelease, Scenario};
 use crate::service::{self, Node, PartStopRequest, Service};
 
 /// Whether a turmoil run can inject `kind`: every kind. (A rolling restart runs two
@@ -77,14 +78,37 @@ pub fn simulate_service_turmoil(
     let parts = PartStops::default();
     let slow = ReplyLatencies::default();
     let sink = rec.clone();
+    let version = match EtcdRelease::of_run(scenario.etcd_version, seed) {
+        EtcdRelease::V3_4 => EtcdVersion::V3_4,
+        EtcdRelease::V3_5 => EtcdVersion::V3_5,
+    };
     let cluster = SimCluster::builder()
         .members(scenario.members.max(1))
         .election_timeout(scenario.election_timeout)
+        .version(version)
         .config(SimConfig::default().with_seed(seed))
         .clients(clients.clone())
         .on_create(move |store| {
             let sink = sink.clone();
-            store.on_journal(move |at, e| sink.record_at(at, Happening::Store(e)));
+            store.on_journal(move |at, e| {
+                // What a stale leader revoked on resuming acted as a fault: recorded as one,
+                // per lease, when it happened.
+                if let Entry::LeaseEnd {
+                    lease,
+                    origin: Origin::StaleLeader,
+                } = &e
+                {
+                    let fault = Fault {
+                        at: turmoil::sim_elapsed().unwrap_or_default(),
+                        kind: FaultKind::ResumeRevoke,
+                        node: 0,
+                        length: Duration::ZERO,
+                        pick: lease.0 as u64,
+                    };
+                    sink.record_at(at, Happening::FaultStart(fault));
+                }
+                sink.record_at(at, Happening::Store(e));
+            });
         })
         .add_to(&mut sim);
     let storms = Storms::default();

@@ -149,3 +149,57 @@ fn rolling_restarts_run_over_turmoil() {
         .run(0..seeds())
         .assert_clean();
 }
+
+/// A stalled raft leader, on etcd 3.4 and 3.5. On 3.4 a leader replaced while stalled revokes
+/// on resuming the leases it saw overdue, however its successor renewed them (etcd#15247):
+/// the 3.4 runs must show it act (live nodes' leases ended, recorded as `resume-revoke`), the
+/// 3.5 runs never, and every invariant hold on both (the nodes heal what it took).
+#[test]
+fn a_stalled_leader_revokes_on_resume_on_3_4_and_coord_heals() {
+    use coord_chaos::{EtcdRelease, Happening};
+
+    let mut scenario = Scenario::default();
+    scenario.members = 3;
+    scenario.fault_kinds = [FaultKind::LeaderStall].into_iter().collect();
+    scenario.faults_per_minute = 4.0;
+    let revoked_on_resume = |version, seed| {
+        let mut s = scenario.clone();
+        s.etcd_version = Some(version);
+        let faults = schedule(&s, &mut Rng::new(seed));
+        let history = simulate_turmoil(&s, seed, &faults);
+        history
+            .records
+            .iter()
+            .filter(|r| {
+                matches!(&r.what, Happening::FaultStart(f) if f.kind == FaultKind::ResumeRevoke)
+            })
+            .count()
+    };
+    let on_3_4: usize = (0..3)
+        .map(|seed| revoked_on_resume(EtcdRelease::V3_4, seed))
+        .sum();
+    let on_3_5: usize = (0..3)
+        .map(|seed| revoked_on_resume(EtcdRelease::V3_5, seed))
+        .sum();
+    assert!(on_3_4 > 0, "no lease revoked by a resumed leader on 3.4");
+    assert_eq!(on_3_5, 0, "3.5 (as modelled) revokes nothing on resume");
+    for (version, flags) in [
+        (
+            EtcdRelease::V3_4,
+            " --faults leader-stall --rate 4 --etcd 3.4",
+        ),
+        (
+            EtcdRelease::V3_5,
+            " --faults leader-stall --rate 4 --etcd 3.5",
+        ),
+    ] {
+        let mut s = scenario.clone();
+        s.etcd_version = Some(version);
+        Runner::new(CoordService)
+            .scenario(s)
+            .turmoil(true)
+            .replay_with(replay(flags))
+            .run(0..seeds())
+            .assert_clean();
+    }
+}

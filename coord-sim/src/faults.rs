@@ -12,6 +12,7 @@ use crate::arrivals::{land, Arrival};
 use crate::clock::background;
 use crate::journal::Origin;
 use crate::store::SimStore;
+use coord_api::LeaseId;
 
 impl SimStore {
     /// Fault: the next `count` writes of this client (put, delete, txn, grant, revoke,
@@ -44,6 +45,35 @@ impl SimStore {
             s.promote(now, extend);
         });
         self.shared.deadlines_changed.notify_one();
+    }
+
+    /// What a raft leader's lessor knows when it stops: every lease's deadline now. A leader
+    /// paused and replaced keeps this view while its peers renew the leases; see
+    /// [`revoke_as_stale_leader`](Self::revoke_as_stale_leader).
+    pub fn lessor_snapshot(&self) -> LessorSnapshot {
+        let deadlines = self.shared.apply(Origin::Store, |s, now| {
+            s.expire(now);
+            s.lease_deadlines()
+        });
+        LessorSnapshot { deadlines }
+    }
+
+    /// Fault: etcd#15247. A raft leader paused past some leases' TTL, replaced meanwhile,
+    /// revokes on resuming every lease it saw overdue, whatever the new leader renewed: each
+    /// lease of `snapshot` whose deadline there has passed and that still exists ends (keys
+    /// deleted, origin [`Origin::StaleLeader`]). Returns the leases it ended.
+    pub fn revoke_as_stale_leader(&self, snapshot: &LessorSnapshot) -> Vec<LeaseId> {
+        let revoked = self.shared.apply(Origin::StaleLeader, |s, now| {
+            s.expire(now);
+            snapshot
+                .deadlines
+                .iter()
+                .filter(|(_, deadline)| *deadline <= now)
+                .filter_map(|(id, _)| s.revoke(now, *id).ok().map(|_| *id))
+                .collect::<Vec<_>>()
+        });
+        self.shared.deadlines_changed.notify_one();
+        revoked
     }
 
     /// Makes the store count time as turmoil's simulated time since the start, on the clock
@@ -318,5 +348,54 @@ pub struct CompactionTask(tokio::task::JoinHandle<()>);
 impl Drop for CompactionTask {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+/// A lessor's view of every lease's deadline at one instant (see
+/// [`SimStore::lessor_snapshot`]).
+#[derive(Debug, Clone, Default)]
+pub struct LessorSnapshot {
+    deadlines: Vec<(LeaseId, Instant)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use coord_api::{KvLeaseStore, KvLeaseStoreExt, PutRequest};
+    use std::time::Duration;
+
+    use crate::SimStore;
+
+    /// etcd#15247 as modelled: what the stale leader saw overdue goes, renewed since or not;
+    /// what was not yet due in its view, or granted after it stalled, stays.
+    #[tokio::test(start_paused = true)]
+    async fn a_stale_leader_revokes_what_it_saw_overdue_and_nothing_else() {
+        let store = SimStore::new();
+        let secs = Duration::from_secs;
+        let renewed = store.grant(secs(3)).await.unwrap().id;
+        let long = store.grant(secs(30)).await.unwrap().id;
+        store
+            .put(PutRequest::new("k", "v").with_lease(renewed))
+            .await
+            .unwrap();
+        let snapshot = store.lessor_snapshot();
+        // The new leader renews it and grants another, while the old one sleeps.
+        tokio::time::advance(secs(2)).await;
+        store
+            .keep_alive(renewed)
+            .await
+            .unwrap()
+            .renew()
+            .await
+            .unwrap();
+        let later = store.grant(secs(3)).await.unwrap().id;
+        tokio::time::advance(secs(2)).await;
+        assert_eq!(store.revoke_as_stale_leader(&snapshot), vec![renewed]);
+        assert!(
+            store.get_key("k").await.unwrap().is_none(),
+            "its key went with it"
+        );
+        for kept in [long, later] {
+            assert!(store.time_to_live(kept).await.is_ok(), "{kept} kept");
+        }
     }
 }

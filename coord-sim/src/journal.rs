@@ -14,6 +14,9 @@ pub enum Origin {
     Expiry,
     /// The store itself, outside any request (a fault such as a leader change).
     Store,
+    /// A raft leader replaced while it was paused, revoking on resume the leases it saw
+    /// overdue (etcd#15247; etcd 3.4 in the simulator, see `EtcdVersion`).
+    StaleLeader,
 }
 
 /// One entry of the journal.

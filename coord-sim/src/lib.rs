@@ -89,7 +89,7 @@ mod waker;
 mod watch;
 
 pub use config::SimConfig;
-pub use faults::CompactionTask;
+pub use faults::{CompactionTask, LessorSnapshot};
 pub use store::SimStore;
 
 /// The crate's README, whose examples are compiled as doctests.

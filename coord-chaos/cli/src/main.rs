@@ -17,7 +17,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use coord_chaos::{
-    timeline, timeline_svg, timeline_with_store, CoordService, FaultKind, Runner, Scenario,
+    timeline, timeline_svg, timeline_with_store, CoordService, EtcdRelease, FaultKind, Runner,
+    Scenario,
 };
 
 const HELP: &str = "\
@@ -53,9 +54,12 @@ OPTIONS:
                      close-streams, leader-change, store-crash, compact, revoke, delete,
                      crash, pause, restart, stop; with --turmoil, the members' too
                      ('members'): member-crash, member-isolation, leader-crash,
-                     leader-transfer, member-stall, member-slow
+                     leader-transfer, member-stall, member-slow, leader-stall
   --members N        with --turmoil: etcd members the store is served as (default 3; each
                      node's EtcdStore knows them all)
+  --etcd VERSION     with --turmoil: the etcd the members answer as, 3.4 or 3.5 (default:
+                     drawn from each seed; on 3.4 a leader replaced while stalled revokes
+                     the leases it saw overdue on resuming, etcd#15247)
   --rate N           faults per simulated minute, per kind (default 2)
   --latency MS       base one-way latency of every message (default 1)
   --tick MS          with --turmoil: simulated time per turmoil step (default 10)
@@ -146,6 +150,13 @@ fn parse() -> Result<Args, String> {
             "--bug" => a.bug = Some(value.clone()),
             "--hosts" => s.hosts = num(&value)?.max(1) as usize,
             "--members" => a.members = Some(num(&value)?.max(1) as usize),
+            "--etcd" => {
+                s.etcd_version = Some(match value.as_str() {
+                    "3.4" => EtcdRelease::V3_4,
+                    "3.5" => EtcdRelease::V3_5,
+                    other => return Err(format!("--etcd: 3.4 or 3.5, not {other}")),
+                })
+            }
             "--elections" => s.elections = num(&value)? as usize,
             "--watchers" => s.watchers = num(&value)? as usize,
             "--ttl" => s.ttl = Duration::from_secs(num(&value)?.max(2)),
@@ -305,9 +316,12 @@ fn many(args: &Args, runner: &Runner) -> ExitCode {
         args.seeds,
         args.base_seed,
         if args.turmoil {
-            "EtcdStore over turmoil"
+            match runner.scenario_ref().etcd_version {
+                Some(v) => format!("EtcdStore over turmoil, etcd {v}"),
+                None => "EtcdStore over turmoil, etcd 3.4 or 3.5 drawn per seed".to_owned(),
+            }
         } else {
-            "in-process simulator"
+            "in-process simulator".to_owned()
         },
         describe(runner.scenario_ref())
     );
@@ -338,7 +352,12 @@ fn many(args: &Args, runner: &Runner) -> ExitCode {
 
 fn replay(args: &Args, runner: &Runner, seed: u64) -> ExitCode {
     let s = runner.scenario_ref();
-    println!("coord chaos: seed {seed}; {}", describe(s));
+    let etcd = if args.turmoil {
+        format!("etcd {}; ", EtcdRelease::of_run(s.etcd_version, seed))
+    } else {
+        String::new()
+    };
+    println!("coord chaos: seed {seed}; {etcd}{}", describe(s));
     let started = Instant::now();
     let (outcome, history) = runner.run_seed(seed);
     let wall = started.elapsed();

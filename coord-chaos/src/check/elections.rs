@@ -256,9 +256,7 @@ pub(super) fn excused_overlap(
     });
     let operator = run.beliefs.faults.iter().any(|f| {
         let window = ttl + run.reply_window(a, f.from).max(run.reply_window(b, f.from));
-        matches!(f.fault.kind, FaultKind::Revoke | FaultKind::Delete)
-            && f.from <= start
-            && start - f.from <= window + wind_down
+        f.fault.kind.takes_leases() && f.from <= start && start - f.from <= window + wind_down
     });
     paused || operator
 }
@@ -479,7 +477,7 @@ impl Held {
 /// successor that crashed too is not promised anything (its key blocks the queue until it
 /// expires, and L5 bounds that).
 pub(super) fn l6_failover(run: &Run<'_>, out: &mut Vec<Violation>) {
-    let quiet_kinds: Vec<FaultKind> = FaultKind::ALL
+    let quiet_kinds: Vec<FaultKind> = FaultKind::RECORDED
         .into_iter()
         .filter(|k| *k != FaultKind::Crash)
         .collect();

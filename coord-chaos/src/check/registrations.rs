@@ -233,7 +233,7 @@ pub(super) fn l1_self_healing(run: &Run<'_>, out: &mut Vec<Violation>) {
                 && f.from + s.ttl * 2 + s.request_timeout * 3 >= t
         };
         let alone = run.beliefs.faults.iter().all(|f| {
-            let operator = matches!(f.fault.kind, FaultKind::Revoke | FaultKind::Delete);
+            let operator = f.fault.kind.takes_leases();
             // Another revoke or delete after the loss may take the heal's new lease or key
             // (in-process seed 73157: the next revoke took the lease granted for the heal).
             let again = operator && f.from > t && f.from <= window.1;

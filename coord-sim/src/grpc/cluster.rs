@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 use super::members::{EtcdVersion, Members};
 use super::net::incoming_until;
 use super::{Clients, DurableStore, EtcdService, ETCD_PORT};
-use crate::{SimConfig, SimStore};
+use crate::{LessorSnapshot, SimConfig, SimStore};
 use tokio_util::sync::CancellationToken;
 
 type Job = Box<dyn FnOnce(SimStore) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
@@ -103,6 +103,7 @@ impl ClusterBuilder {
                 .map(|i| format!("{}{i}", self.prefix))
                 .collect(),
             jobs,
+            stale_lessor: Arc::default(),
         };
         let (durable, config, init) = (cluster.store.clone(), self.config, self.init);
         sim.host(format!("{}-raft", self.prefix), move || {
@@ -191,6 +192,8 @@ pub struct SimCluster {
     store: DurableStore,
     names: Vec<String>,
     jobs: mpsc::UnboundedSender<Job>,
+    /// A stalled raft leader's view of the leases, for its resume on etcd 3.4.
+    stale_lessor: Arc<Mutex<Option<(usize, LessorSnapshot)>>>,
 }
 
 impl std::fmt::Debug for SimCluster {
@@ -307,14 +310,40 @@ impl SimCluster {
     /// which refreshes every lease.
     pub fn stall(&self, sim: &turmoil::Sim<'_>, i: usize) {
         if let Some(at) = self.members.stall(i, sim.elapsed()) {
+            if self.members.version().revokes_on_resume() {
+                // What the stalled leader's lessor knows, kept for its resume.
+                let lessor = self.stale_lessor.clone();
+                self.on_store(move |store| async move {
+                    let snapshot = store.lessor_snapshot();
+                    *lessor.lock().unwrap_or_else(|p| p.into_inner()) = Some((i, snapshot));
+                });
+            }
             self.promote_at(at);
         }
     }
 
     /// Ends [`stall`](Self::stall): member `i` answers what it was sent meanwhile, and
-    /// follows the current leader.
+    /// follows the current leader. On etcd 3.4 a leader that was replaced while stalled
+    /// first revokes every lease it saw overdue, however its successor renewed them
+    /// (etcd#15247): their keys go, journalled as [`Origin::StaleLeader`](crate::journal::Origin::StaleLeader).
     pub fn thaw(&self, i: usize) {
-        self.members.thaw(i);
+        let Some(successor_led_at) = self.members.thaw(i) else {
+            return;
+        };
+        let snapshot = self
+            .stale_lessor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let Some((_, snapshot)) = snapshot.filter(|(m, _)| *m == i) else {
+            return;
+        };
+        self.on_store(move |store| async move {
+            // Thawed before its successor led: it still leads, and its view is the truth.
+            if turmoil::sim_elapsed().unwrap_or_default() >= successor_led_at {
+                store.revoke_as_stale_leader(&snapshot);
+            }
+        });
     }
 
     /// Fault: member `i` answers `late` late (zero: on time again): every reply, status and

@@ -36,6 +36,13 @@ impl EtcdVersion {
     fn pre_vote(self) -> bool {
         self == EtcdVersion::V3_5
     }
+
+    /// Whether a raft leader paused and replaced revokes, on resuming, the leases it saw
+    /// overdue (etcd#15247, fixed in 3.4.24 and 3.5.8): seen on 3.4.23 (`docs/ETCD-BEHAVIOUR.md`
+    /// 3.9), modelled there, at every such resume.
+    pub(crate) fn revokes_on_resume(self) -> bool {
+        self == EtcdVersion::V3_4
+    }
 }
 
 /// What a request does at a member, for the rules below.
@@ -87,6 +94,9 @@ struct State {
     /// message).
     slow: Vec<Duration>,
     election: Option<Election>,
+    /// The leader that stalled, and when its successor leads: what it revokes on thawing
+    /// (see [`EtcdVersion::revokes_on_resume`]).
+    stalled_leader: Option<(usize, Duration)>,
 }
 
 /// The cluster's membership state, shared by its members' services and the test's driver.
@@ -134,6 +144,7 @@ impl Members {
                 stalled: vec![false; members],
                 slow: vec![Duration::ZERO; members],
                 election: None,
+                stalled_leader: None,
             })),
             changed: Arc::new(tokio::sync::watch::Sender::new(0)),
             election_timeout,
@@ -290,6 +301,9 @@ impl Members {
         s.stalled[i] = true;
         let led = s.leader == i && s.election.is_none();
         let elected = led.then(|| self.lose_leader(&mut s, now));
+        if let Some(at) = elected {
+            s.stalled_leader = Some((i, at));
+        }
         drop(s);
         self.bump();
         elected
@@ -297,9 +311,21 @@ impl Members {
 
     /// Member `i` thawed (SIGCONT): it reads what was sent meanwhile and answers it; a
     /// leader that was replaced meanwhile learns the newer term from its peers and follows.
-    pub(crate) fn thaw(&self, i: usize) {
-        self.lock().stalled[i] = false;
+    /// Returns when its successor began to lead, if it led when it stalled and its version
+    /// then revokes what it saw overdue (the caller revokes it, if that instant has passed).
+    pub(crate) fn thaw(&self, i: usize) -> Option<Duration> {
+        let mut s = self.lock();
+        s.stalled[i] = false;
+        let stale = match s.stalled_leader {
+            Some((m, at)) if m == i => {
+                s.stalled_leader = None;
+                self.version.revokes_on_resume().then_some(at)
+            }
+            _ => None,
+        };
+        drop(s);
         self.bump();
+        stale
     }
 
     /// Whether member `i` is stalled.
@@ -505,10 +531,22 @@ mod tests {
             !m.transfer(0, ms(2000)),
             "no transfer while a member is stalled"
         );
-        m.thaw(0);
-        m.thaw(1);
+        // On 3.4 the replaced leader revokes what it saw overdue (etcd#15247), from when its
+        // successor led; a follower revokes nothing.
+        assert_eq!(m.thaw(0), Some(ms(1500)));
+        assert_eq!(m.thaw(1), None);
         assert!(!m.is_cut_off(0) && !m.is_cut_off(1));
         assert_eq!(m.leader(ms(2000)), Some(2), "a thawed leader follows");
+    }
+
+    #[test]
+    fn only_a_3_4_leader_replaced_while_stalled_revokes_on_resume() {
+        for (version, revokes) in [(EtcdVersion::V3_4, true), (EtcdVersion::V3_5, false)] {
+            let m = Members::new(3, ET, version);
+            assert_eq!(m.stall(0, ms(0)), Some(ms(500)));
+            assert_eq!(m.thaw(0), revokes.then_some(ms(500)), "{version:?}");
+            assert_eq!(m.thaw(0), None, "{version:?}: once");
+        }
     }
 
     #[test]

@@ -77,6 +77,17 @@ impl State {
         Ok(ttl)
     }
 
+    /// Every lease's deadline, by lease id.
+    pub(crate) fn lease_deadlines(&self) -> Vec<(LeaseId, Instant)> {
+        let mut all: Vec<(LeaseId, Instant)> = self
+            .leases
+            .iter()
+            .map(|(id, l)| (*id, l.deadline))
+            .collect();
+        all.sort_unstable_by_key(|(id, _)| *id);
+        all
+    }
+
     /// A lease's deadline, for tests that check when a renewal applied.
     #[cfg(test)]
     pub(crate) fn lease_deadline(&self, id: LeaseId) -> Option<Instant> {
