@@ -11,6 +11,17 @@ use coord_etcd::testing::EtcdCluster;
 use coord_etcd::{EtcdConfig, EtcdStore};
 use tokio::time::Instant;
 
+/// One etcd member, and a store on it at the defaults.
+async fn single() -> (EtcdCluster, EtcdStore) {
+    let cluster = EtcdCluster::single()
+        .await
+        .unwrap_or_else(|e| panic!("cannot start etcd: {e}"));
+    let store = EtcdStore::connect(EtcdConfig::new([cluster.endpoint(0)]))
+        .await
+        .unwrap();
+    (cluster, store)
+}
+
 async fn three() -> EtcdCluster {
     EtcdCluster::three()
         .await
@@ -448,12 +459,7 @@ async fn a_partitioned_client_gets_typed_errors_and_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_watch_outlives_etcds_keep_alive_enforcement() {
     use futures::StreamExt;
-    let cluster = EtcdCluster::single()
-        .await
-        .unwrap_or_else(|e| panic!("cannot start etcd: {e}"));
-    let store = EtcdStore::connect(EtcdConfig::new([cluster.endpoint(0)]))
-        .await
-        .unwrap();
+    let (_cluster, store) = single().await;
     let mut w = store
         .watch(coord_api::WatchRequest::key("idle/k"))
         .await
@@ -475,16 +481,11 @@ async fn an_idle_watch_outlives_etcds_keep_alive_enforcement() {
 /// backend lets such a request run out on the member, whoever stopped waiting for it. The
 /// reads here are long (a range of 2,000 keys of 1 kB checks for cancellation at every key) and given
 /// up 1 to 8 ms in, across the read, 300 of them; on 3.5.1 without the shield the member died
-/// within the first 150.
+/// in each of three runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_only_transactions_given_up_leave_the_member_running() {
     use coord_api::{GetRequest, TxnOp, TxnRequest};
-    let cluster = EtcdCluster::single()
-        .await
-        .unwrap_or_else(|e| panic!("cannot start etcd: {e}"));
-    let store = EtcdStore::connect(EtcdConfig::new([cluster.endpoint(0)]))
-        .await
-        .unwrap();
+    let (_cluster, store) = single().await;
     let value = "v".repeat(1_000);
     for chunk in (0..2_000).collect::<Vec<_>>().chunks(100) {
         let puts = chunk.iter().map(|i| {
