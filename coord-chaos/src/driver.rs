@@ -61,8 +61,9 @@ pub(crate) trait World {
     fn crash(&mut self, node: usize);
     /// Starts a crashed node again, as a new incarnation.
     fn recover(&mut self, node: usize);
-    /// Restarts the node gracefully: a new incarnation, then the old one stops.
-    fn rolling_restart(&mut self, node: usize);
+    /// Restarts the node gracefully: a new incarnation, then the old one stops. Whether it
+    /// acts (a crashed node has nothing to restart).
+    fn rolling_restart(&mut self, node: usize) -> bool;
     /// Asks the node to stop one of its parts for a while; whether the request reached a
     /// service that takes them (it acts).
     fn stop_part(&mut self, node: usize, request: PartStopRequest) -> bool;
@@ -220,6 +221,14 @@ impl Driver {
                 }
                 return;
             }
+            if f.kind == FaultKind::Restart {
+                // Recorded only if the node runs; what it does comes later (the new
+                // incarnation starts on the node's own task or host).
+                if world.rolling_restart(f.node) {
+                    world.record(Happening::FaultStart(f.clone()));
+                }
+                return;
+            }
             if matches!(f.kind, FaultKind::Revoke | FaultKind::Delete) {
                 // Recorded by the world as it acts: there may be no key to act on.
                 world.operator(f);
@@ -302,7 +311,8 @@ impl Driver {
                     w.crash(n);
                 }
             }
-            FaultKind::Restart => w.rolling_restart(n),
+            // Sent, and recorded if it acts, by `apply`.
+            FaultKind::Restart => {}
             // Sent, and recorded as it acts, by `apply`.
             FaultKind::Stop => {}
             FaultKind::MemberCrash
@@ -414,12 +424,15 @@ impl Driver {
 mod tests {
     use super::*;
 
-    /// A world that keeps the reply latency of each node's link and ignores the rest.
+    /// A world that keeps the reply latency of each node's link and what it recorded, has
+    /// no node running (nothing to restart), and ignores the rest.
     #[derive(Default)]
-    struct Replies(BTreeMap<usize, Duration>);
+    struct Replies(BTreeMap<usize, Duration>, Vec<Happening>);
 
     impl World for Replies {
-        fn record(&mut self, _: Happening) {}
+        fn record(&mut self, what: Happening) {
+            self.1.push(what);
+        }
         fn partition(&mut self, _: usize, _: bool) {}
         fn partition_oneway(&mut self, _: usize, _: bool) {}
         fn hold(&mut self, _: usize, _: bool) {}
@@ -436,7 +449,9 @@ mod tests {
         fn operator(&mut self, _: &Fault) {}
         fn crash(&mut self, _: usize) {}
         fn recover(&mut self, _: usize) {}
-        fn rolling_restart(&mut self, _: usize) {}
+        fn rolling_restart(&mut self, _: usize) -> bool {
+            false
+        }
         fn stop_part(&mut self, _: usize, _: PartStopRequest) -> bool {
             true
         }
@@ -480,5 +495,23 @@ mod tests {
             seen.push((action.at.as_secs(), world.0[&3].as_millis()));
         }
         assert_eq!(seen, [(100, 511), (101, 1470), (105, 511), (120, 0)]);
+    }
+
+    /// A rolling restart of a node that does not run (crashed) does nothing, and is not
+    /// counted.
+    #[test]
+    fn a_restart_that_finds_nothing_running_is_not_recorded() {
+        let restart = Fault {
+            at: Duration::from_secs(10),
+            kind: FaultKind::Restart,
+            node: 1,
+            length: Duration::ZERO,
+            pick: 0,
+        };
+        let (mut driver, mut world) = (Driver::default(), Replies::default());
+        for action in actions(&[restart], |_| true) {
+            driver.apply(&mut world, &action);
+        }
+        assert_eq!(world.1, []);
     }
 }

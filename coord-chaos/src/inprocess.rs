@@ -403,8 +403,15 @@ impl World for InProcess {
         self.install(n, fresh);
     }
 
-    fn rolling_restart(&mut self, n: usize) {
-        tokio::spawn(self.clone().rolling_restart(n));
+    fn rolling_restart(&mut self, n: usize) -> bool {
+        let runs = {
+            let slots = self.slots();
+            !slots[n].crashed && slots[n].task.is_some()
+        };
+        if runs {
+            tokio::spawn(self.clone().rolling_restart(n));
+        }
+        runs
     }
 
     fn stop_part(&mut self, n: usize, request: PartStopRequest) -> bool {

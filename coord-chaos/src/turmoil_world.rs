@@ -552,12 +552,14 @@ impl World for Turmoil<'_, '_> {
         self.sim.bounce(Self::host(node).as_str());
     }
 
-    fn rolling_restart(&mut self, node: usize) {
+    fn rolling_restart(&mut self, node: usize) -> bool {
         // The host's supervisor acts on it (see `NodeHost::supervise`); a crashed host has
         // none, and a later start does not take it.
-        if !self.nodes[node].live().is_empty() {
+        let runs = !self.nodes[node].live().is_empty();
+        if runs {
             self.nodes[node].restarts.send_modify(|n| *n += 1);
         }
+        runs
     }
 
     fn stop_part(&mut self, node: usize, request: PartStopRequest) -> bool {
