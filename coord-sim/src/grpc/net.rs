@@ -159,7 +159,17 @@ fn connect(host: &str, port: u16, serve_as: Option<(crate::SimStore, Clients)>) 
         .connect_timeout(Duration::from_secs(1))
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5))
-        .keep_alive_while_idle(true);
+        .keep_alive_while_idle(true)
+        // HTTP/2 remembers a stream it reset for one second of *real* time (h2 reads the
+        // system clock there), ignoring a late frame for it within that second and answering
+        // one after it with a reset of its own: an extra message, so a simulation's history
+        // would depend on how fast the machine ran it (a late reply comes seconds of virtual
+        // time after its request was given up, which is milliseconds of real time on an idle
+        // machine and can be more than a second on a busy one). Forgetting at once makes every
+        // late frame draw that reset, whatever the machine; and with no cap on such resets a
+        // long run's connection is not closed for having drawn many (a trusted peer).
+        .http2_max_concurrent_reset_streams(0)
+        .http2_max_local_error_reset_streams(None);
     endpoint.connect_with_connector_lazy(tower::service_fn(move |uri: http::Uri| {
         let serve_as = serve_as.clone();
         async move {
