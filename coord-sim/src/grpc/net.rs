@@ -141,7 +141,8 @@ pub(crate) fn incoming_until(
 
 /// A channel to `host:port` over turmoil's network, connecting lazily (and again after a
 /// broken connection), with HTTP/2 keep-alive so a dead peer is noticed, as
-/// `EtcdConfig`'s defaults do.
+/// `EtcdConfig`'s defaults do, and no memory of reset streams, which HTTP/2 keeps in real
+/// time (see the crate's determinism notes).
 pub fn channel(host: &str, port: u16) -> Channel {
     connect(host, port, None)
 }
