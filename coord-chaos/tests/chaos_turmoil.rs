@@ -98,6 +98,21 @@ fn a_turmoil_seed_replays_exactly() {
         let first = simulate_turmoil(&scenario, seed, &faults);
         let second = simulate_turmoil(&scenario, seed, &faults);
         assert!(first.records.len() > 1000, "a run records its history");
+        // Where two runs part says which host and which message moved: the digests alone
+        // said nothing when this failed under load.
+        let parted = (0..first.records.len().max(second.records.len()))
+            .find(|&i| first.records.get(i) != second.records.get(i));
+        if let Some(i) = parted {
+            panic!(
+                "seed {seed}: the two runs part at record {i} of {} and {}\n\
+                 before it: {:#?}\nfirst run: {:#?}\nsecond run: {:#?}",
+                first.records.len(),
+                second.records.len(),
+                &first.records[i.saturating_sub(3)..i],
+                first.records.get(i..(i + 3).min(first.records.len())),
+                second.records.get(i..(i + 3).min(second.records.len())),
+            );
+        }
         assert_eq!(first.digest(), second.digest(), "seed {seed}");
         assert_eq!(first, second, "seed {seed}");
     }
