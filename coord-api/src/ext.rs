@@ -1,7 +1,7 @@
 //! [`KvLeaseStoreExt`]: conveniences over the contract for the common single-key cases,
 //! written once on its methods.
 
-use async_trait::async_trait;
+use std::future::Future;
 
 use crate::error::Result;
 use crate::into_bytes::IntoBytes;
@@ -11,37 +11,49 @@ use crate::types::{KeyValue, Revision};
 
 /// Conveniences over [`KvLeaseStore`] for the common single-key cases. Implemented for every
 /// store; you MUST NOT implement it yourself.
-#[async_trait]
+///
+/// Its futures are the store's own, unboxed: a convenience costs nothing over the call it
+/// makes (the trait's generic methods make it unusable as `dyn` anyway).
 pub trait KvLeaseStoreExt: KvLeaseStore {
     /// Reads one key: `None` when it does not exist.
-    async fn get_key(&self, key: impl IntoBytes + Send) -> Result<Option<KeyValue>> {
-        Ok(self.get(GetRequest::key(key)).await?.kvs.into_iter().next())
+    fn get_key(
+        &self,
+        key: impl IntoBytes + Send,
+    ) -> impl Future<Output = Result<Option<KeyValue>>> + Send {
+        let read = self.get(GetRequest::key(key));
+        async move { Ok(read.await?.kvs.into_iter().next()) }
     }
 
     /// Reads every key with a prefix.
-    async fn get_prefix(&self, prefix: impl IntoBytes + Send) -> Result<GetResponse> {
-        self.get(GetRequest::prefix(prefix)).await
+    fn get_prefix(
+        &self,
+        prefix: impl IntoBytes + Send,
+    ) -> impl Future<Output = Result<GetResponse>> + Send {
+        self.get(GetRequest::prefix(prefix))
     }
 
     /// Writes one key without a lease; returns the write's revision.
-    async fn put_value(
+    fn put_value(
         &self,
         key: impl IntoBytes + Send,
         value: impl IntoBytes + Send,
-    ) -> Result<Revision> {
-        Ok(self.put(PutRequest::new(key, value)).await?.revision)
+    ) -> impl Future<Output = Result<Revision>> + Send {
+        let write = self.put(PutRequest::new(key, value));
+        async move { Ok(write.await?.revision) }
     }
 
     /// Deletes one key; returns how many keys were deleted (0 or 1).
-    async fn delete_key(&self, key: impl IntoBytes + Send) -> Result<u64> {
-        Ok(self.delete(DeleteRequest::key(key)).await?.deleted)
+    fn delete_key(&self, key: impl IntoBytes + Send) -> impl Future<Output = Result<u64>> + Send {
+        let delete = self.delete(DeleteRequest::key(key));
+        async move { Ok(delete.await?.deleted) }
     }
 
     /// The store's current revision.
-    async fn current_revision(&self) -> Result<Revision> {
+    fn current_revision(&self) -> impl Future<Output = Result<Revision>> + Send {
         // Any read reports the current revision; a one-byte key that nobody is expected to
         // use keeps the response empty.
-        Ok(self.get(GetRequest::key(vec![0u8])).await?.revision)
+        let read = self.get(GetRequest::key(vec![0u8]));
+        async move { Ok(read.await?.revision) }
     }
 }
 
