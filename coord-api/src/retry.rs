@@ -238,8 +238,11 @@ where
     }
 }
 
-/// Between two attempts: what `pace` asks, or the stop's output if it comes first.
-async fn pause<S>(
+/// Between two attempts: what `pace` asks, or the stop's output if it comes first. For a
+/// loop whose first attempt runs before [`until_with`] (a hot path that should pay for the
+/// loop's state, a seeded backoff and a boxed attempt, only when it goes again): the pause
+/// after that attempt, before the loop's own first one.
+pub async fn pause<S>(
     backoff: &mut Backoff,
     stop: std::pin::Pin<&mut impl Future<Output = S>>,
     pace: Pace,

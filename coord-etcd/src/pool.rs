@@ -18,12 +18,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::EtcdConfig;
 use crate::error::{from_member, map, Kind, BACKEND};
-use crate::settle::{Headed, Terms};
+use crate::settle::{Headed, Terms, SETTLE_AFTER};
 
 /// One endpoint and, once connected, its client. Each endpoint gets its own client (a
 /// channel to that member alone) so the store decides where a request goes: etcd-client's
 /// own balancer keeps picking a dead member and fails about a third of requests after a
-/// member dies (`docs/ETCD-BEHAVIOUR.md` 3.6).
+/// member dies (`docs/ETCD-BEHAVIOUR.md` 3.6). Its channel is made by
+/// [`EtcdConfig::channel`], not by etcd-client's `connect`, which puts that balancer in front
+/// of even one endpoint.
 struct Endpoint {
     url: String,
     /// The connection, once made.
@@ -136,7 +138,9 @@ impl Pool {
     /// Starts the probe of quiet connections (`crate::liveness`), with the first request or
     /// watch: a store dialled lazily may be made outside a runtime.
     fn start_probing(&self) {
-        if !self.liveness.swap(true, Ordering::Relaxed) {
+        // A load first: every request passes here, and a swap is a write to a line they
+        // all share.
+        if !self.liveness.load(Ordering::Relaxed) && !self.liveness.swap(true, Ordering::Relaxed) {
             // In the span of the first request, so that its events say whose store it is.
             let span = tracing::debug_span!("liveness");
             tokio::spawn(tracing::Instrument::instrument(
@@ -278,11 +282,13 @@ impl Pool {
             return Ok(o);
         }
         let options = Some(self.config.connect_options());
-        let client = match &ep.channel {
-            Some(make) => Client::from_channel(etcd_client::Channel::Tonic(make()), options).await,
-            None => Client::connect([ep.url.as_str()], options).await,
-        }
-        .map_err(|e| map("connect", Kind::Read, e))?;
+        let channel = match &ep.channel {
+            Some(make) => make(),
+            None => self.config.channel(&ep.url)?,
+        };
+        let client = Client::from_channel(etcd_client::Channel::Tonic(channel), options)
+            .await
+            .map_err(|e| map("connect", Kind::Read, e))?;
         let open = Open {
             client,
             streams: CancellationToken::new(),
@@ -292,35 +298,27 @@ impl Pool {
         Ok(open)
     }
 
-    /// Endpoint `i`'s token and terms (see [`connection_at`](Self::connection_at)),
-    /// connecting first if needed: what a request needs before it borrows the client with
-    /// [`lend`](Self::lend).
-    async fn connect(&self, i: usize) -> Result<(CancellationToken, Arc<Terms>)> {
-        let made = self.endpoints[i]
-            .client
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map(|o| (o.streams.clone(), o.terms.clone()));
-        match made {
-            Some(made) => Ok(made),
-            None => {
-                let open = self.open(i).await?;
-                Ok((open.streams, open.terms))
-            }
-        }
-    }
-
-    /// Calls `f` with endpoint `i`'s client, if it is connected. A request takes from it only
-    /// the service client it needs: a whole `Client` is eight service clients and the connect
-    /// options, and cloning one per request cost a tenth of the throughput of 32 concurrent
-    /// tasks against raw etcd-client's.
-    fn lend<R>(&self, i: usize, f: impl FnOnce(&Client) -> R) -> Option<R> {
-        let client = self.endpoints[i]
+    /// Calls `f` with endpoint `i`'s client and connection, if it is connected, under one
+    /// lock; hands back what `f` returned, with the token that ends the connection's streams
+    /// and what it told of its term. A request takes from the client only the service client
+    /// it needs: a whole `Client` is eight service clients and the connect options, and
+    /// cloning one per request cost a tenth of the throughput of 32 concurrent tasks against
+    /// raw etcd-client's.
+    fn lend<R>(
+        &self,
+        i: usize,
+        f: impl FnOnce(&Client, Connection) -> R,
+    ) -> Option<(R, CancellationToken, Arc<Terms>)> {
+        let open = self.endpoints[i]
             .client
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        client.as_ref().map(|o| f(&o.client))
+        let o = open.as_ref()?;
+        let connection = Connection {
+            endpoint: i,
+            streams: o.streams.clone(),
+        };
+        Some((f(&o.client, connection), o.streams.clone(), o.terms.clone()))
     }
 
     /// Drops endpoint `i`'s connection after it stopped answering: the next request connects
@@ -517,46 +515,67 @@ impl Pool {
         T: Send + Headed,
     {
         let deadline = Instant::now() + self.request_timeout();
-        let n = self.endpoints.len();
+        let mut failed = 0;
+        // The first try outside the retry loop: nearly every request ends with it, and the
+        // loop's state (a seeded backoff, a boxed try) is made only for those that go again.
+        let pace = match self.step(op, kind, deadline, &mut f, &mut failed).await {
+            ControlFlow::Break(done) => return done,
+            ControlFlow::Continue(pace) => pace,
+        };
         // coord's one retry policy (jittered, seeded), at a request's scale, within the
         // request timeout.
         let mut backoff = Backoff::request(retry::seed(&[op.as_bytes(), about]));
-        let longest_wait = backoff.max_delay();
-        // Lent to each attempt: the future an attempt returns may borrow only from it.
-        let mut lent = (self, &mut f, 0usize);
-        let sent = retry::until_with(
+        let stop = std::future::pending::<std::convert::Infallible>();
+        let Ok(()) = retry::pause(&mut backoff, std::pin::pin!(stop), pace).await;
+        // Lent to each try: the future a try returns may borrow only from it.
+        let mut lent = (self, &mut f, failed);
+        let done = retry::until_with(
             &mut backoff,
             std::future::pending::<std::convert::Infallible>(),
             &mut lent,
             move |(pool, f, failed), _| {
                 let pool = *pool;
-                Box::pin(async move {
-                    let (idx, err) = match pool.attempt(op, kind, deadline, *f).await {
-                        Attempt::Answered(v) => return ControlFlow::Break(Ok(v)),
-                        // Replaced before it was sent: nothing went out; go again at once.
-                        Attempt::Unsent => return ControlFlow::Continue(Pace::AtOnce),
-                        Attempt::Failed(idx, err) if err.is_retryable() => (idx, err),
-                        Attempt::Failed(_, err) | Attempt::Over(err) => {
-                            return ControlFlow::Break(Err(err))
-                        }
-                    };
-                    pool.fail_over_after(idx, &err);
-                    *failed += 1;
-                    // The first pass over the other members goes at once; after that, back
-                    // off, unless the longest wait would run into the request timeout.
-                    if *failed < n {
-                        return ControlFlow::Continue(Pace::AtOnce);
-                    }
-                    if Instant::now() + longest_wait >= deadline {
-                        return ControlFlow::Break(Err(err));
-                    }
-                    tracing::debug!(operation = op, attempt = *failed, error = %error_chain(&err), "retrying");
-                    ControlFlow::Continue(Pace::Backoff)
-                })
+                Box::pin(pool.step(op, kind, deadline, *f, failed))
             },
         );
-        let Ok(sent) = sent.await;
-        sent
+        let Ok(done) = done.await;
+        done
+    }
+
+    /// One try of [`call_on`](Self::call_on), `failed` the tries that failed before it: its
+    /// outcome, or how the request goes on.
+    async fn step<T, F, Fut>(
+        &self,
+        op: &'static str,
+        kind: Kind,
+        deadline: Instant,
+        f: &mut F,
+        failed: &mut usize,
+    ) -> ControlFlow<Result<T>, Pace>
+    where
+        F: FnMut(&Client, Connection) -> Fut + Send,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>> + Send,
+        T: Send + Headed,
+    {
+        let (idx, err) = match self.attempt(op, kind, deadline, f).await {
+            Attempt::Answered(v) => return ControlFlow::Break(Ok(v)),
+            // Replaced before it was sent: nothing went out; go again at once.
+            Attempt::Unsent => return ControlFlow::Continue(Pace::AtOnce),
+            Attempt::Failed(idx, err) if err.is_retryable() => (idx, err),
+            Attempt::Failed(_, err) | Attempt::Over(err) => return ControlFlow::Break(Err(err)),
+        };
+        self.fail_over_after(idx, &err);
+        *failed += 1;
+        // The first pass over the other members goes at once; after that, back off, unless
+        // the longest wait would run into the request timeout.
+        if *failed < self.endpoints.len() {
+            return ControlFlow::Continue(Pace::AtOnce);
+        }
+        if Instant::now() + Backoff::request(0).max_delay() >= deadline {
+            return ControlFlow::Break(Err(err));
+        }
+        tracing::debug!(operation = op, attempt = *failed, error = %error_chain(&err), "retrying");
+        ControlFlow::Continue(Pace::Backoff)
     }
 
     /// One try of [`call_on`](Self::call_on) on the current member.
@@ -574,84 +593,105 @@ impl Pool {
     {
         let idx = self.current();
         let sent = Instant::now();
-        let outcome = tokio::time::timeout_at(deadline, async {
-            let (streams, terms) = self.connect(idx).await?;
-            let replaced = streams.clone();
-            let connection = Connection {
-                endpoint: idx,
-                streams,
-            };
-            // Replaced between the two (another request found it dead): go again, on the
-            // new one; nothing was sent.
-            let Some(request) = self.lend(idx, |c| f(c, connection)) else {
-                return Ok(None);
-            };
-            self.asked(idx, sent);
-            let _writing = (kind == Kind::Write).then(|| terms.writing(sent));
-            // A read whose connection is replaced meanwhile (another request found it
-            // dead) goes again on the new one rather than wait out the request timeout
-            // on the old. A write may have been applied: its caller must be told, and not
-            // before the request timeout. A connection left for its silence may only be
-            // stalled, and a write still on it lands when it thaws: a caller told at
-            // once moves on while its write is in flight (tried: turmoil seed 7783, a
-            // registration's heal held 5.6 s, reported at the probe's 2 s, landed after
-            // the registration's stop had returned).
-            tokio::select! {
-                biased;
-                r = request => r.map(|v| {
-                    if let Some(term) = v.raft_term() {
-                        terms.observe(sent, term);
-                    }
-                    Some(v)
-                }).map_err(|e| {
-                    // A member's refusal is an answer: its connection is alive.
-                    if from_member(&e) {
-                        self.answered(idx, sent);
-                    }
-                    map(op, kind, e)
-                }),
-                _ = replaced.cancelled(), if kind == Kind::Read => Ok(None),
-                // Stranded by a leader change, and settled: applied, or never to be
-                // (`crate::settle`). The caller hears so now, not at the timeout.
-                () = terms.settled(sent), if kind == Kind::Write => Err(Error::Indeterminate {
-                    backend: BACKEND,
-                    operation: op,
-                    source: "the member's raft leader changed while the write waited on it: \
-                             it was applied before the change, or it never will be"
-                        .into(),
-                }),
+        let lent = match self.lend(idx, &mut *f) {
+            Some(lent) => lent,
+            None => {
+                match tokio::time::timeout_at(deadline, self.open(idx)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => return Attempt::Failed(idx, e),
+                    Err(_) => return self.over(op, kind, idx, sent),
+                }
+                // Replaced between the two (another request found it dead): go again, on
+                // the new one; nothing was sent.
+                match self.lend(idx, f) {
+                    Some(lent) => lent,
+                    None => return Attempt::Unsent,
+                }
             }
-        })
-        .await;
-        match outcome {
-            Ok(Ok(Some(v))) => {
+        };
+        let (request, replaced, terms) = lent;
+        self.asked(idx, sent);
+        let _writing = (kind == Kind::Write).then(|| terms.writing(sent));
+        let mut request = std::pin::pin!(request);
+        // Most requests are answered within SETTLE_AFTER, and wait on nothing else: what
+        // follows registers with locks every request on the connection shares.
+        let timer = tokio::time::sleep_until(deadline.min(sent + SETTLE_AFTER));
+        let mut timer = std::pin::pin!(timer);
+        let quick = tokio::select! {
+            biased;
+            r = &mut request => Some(r),
+            () = &mut timer => None,
+        };
+        let answer = match quick {
+            Some(answer) => answer,
+            None => {
+                timer.as_mut().reset(deadline);
+                // A read whose connection is replaced meanwhile (another request found it
+                // dead) goes again on the new one rather than wait out the request timeout
+                // on the old. A write may have been applied: its caller must be told, and
+                // not before the request timeout. A connection left for its silence may
+                // only be stalled, and a write still on it lands when it thaws: a caller
+                // told at once moves on while its write is in flight (tried: turmoil seed
+                // 7783, a registration's heal held 5.6 s, reported at the probe's 2 s,
+                // landed after the registration's stop had returned).
+                tokio::select! {
+                    biased;
+                    r = &mut request => r,
+                    _ = replaced.cancelled(), if kind == Kind::Read => return Attempt::Unsent,
+                    // Stranded by a leader change, and settled: applied, or never to be
+                    // (`crate::settle`). The caller hears so now, not at the timeout.
+                    () = terms.settled(sent), if kind == Kind::Write => {
+                        return Attempt::Failed(idx, Error::Indeterminate {
+                            backend: BACKEND,
+                            operation: op,
+                            source: "the member's raft leader changed while the write waited \
+                                     on it: it was applied before the change, or it never will be"
+                                .into(),
+                        })
+                    }
+                    () = &mut timer => return self.over(op, kind, idx, sent),
+                }
+            }
+        };
+        match answer {
+            Ok(v) => {
+                if let Some(term) = v.raft_term() {
+                    terms.observe(sent, term);
+                }
                 self.answered(idx, sent);
                 Attempt::Answered(v)
             }
-            Ok(Ok(None)) => Attempt::Unsent,
-            Ok(Err(e)) => Attempt::Failed(idx, e),
-            Err(_) => {
-                // A member that answers nothing within the request timeout (stopped,
-                // cut off) would hold the next request as long: move on (first, so that
-                // what the replacement ends goes again on the next member).
-                self.fail_over(idx);
-                self.reconnect(idx);
-                self.reconnect_waiting_since(idx, sent);
-                let source = format!("no answer within {:?}", self.request_timeout());
-                Attempt::Over(match kind {
-                    Kind::Read => Error::Unavailable {
-                        backend: BACKEND,
-                        operation: op,
-                        source: source.into(),
-                    },
-                    Kind::Write => Error::Indeterminate {
-                        backend: BACKEND,
-                        operation: op,
-                        source: source.into(),
-                    },
-                })
+            Err(e) => {
+                // A member's refusal is an answer: its connection is alive.
+                if from_member(&e) {
+                    self.answered(idx, sent);
+                }
+                Attempt::Failed(idx, map(op, kind, e))
             }
         }
+    }
+
+    /// A try sent at `sent` on endpoint `idx` that had no answer within the request timeout.
+    fn over<T>(&self, op: &'static str, kind: Kind, idx: usize, sent: Instant) -> Attempt<T> {
+        // A member that answers nothing within the request timeout (stopped, cut off) would
+        // hold the next request as long: move on (first, so that what the replacement ends
+        // goes again on the next member).
+        self.fail_over(idx);
+        self.reconnect(idx);
+        self.reconnect_waiting_since(idx, sent);
+        let source = format!("no answer within {:?}", self.request_timeout());
+        Attempt::Over(match kind {
+            Kind::Read => Error::Unavailable {
+                backend: BACKEND,
+                operation: op,
+                source: source.into(),
+            },
+            Kind::Write => Error::Indeterminate {
+                backend: BACKEND,
+                operation: op,
+                source: source.into(),
+            },
+        })
     }
 }
 
@@ -714,6 +754,11 @@ mod tests {
     /// A request of `kind` whose first attempt never hears back, its connection replaced 100 ms
     /// in: what it came to, after how long, and in how many attempts.
     async fn replaced_under(kind: Kind) -> (Result<usize>, Duration, usize) {
+        replaced_after(kind, Duration::from_millis(100)).await
+    }
+
+    /// As [`replaced_under`], the connection replaced `after` the request was sent.
+    async fn replaced_after(kind: Kind, after: Duration) -> (Result<usize>, Duration, usize) {
         let pool = pool();
         let attempts = Arc::new(AtomicUsize::new(0));
         let start = Instant::now();
@@ -732,7 +777,7 @@ mod tests {
                 .await
             })
         };
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(after).await;
         pool.reconnect(0);
         let result = request.await.unwrap();
         (result, start.elapsed(), attempts.load(Ordering::Relaxed))
@@ -748,6 +793,17 @@ mod tests {
             Duration::from_millis(100),
             "at once, not at the timeout"
         );
+    }
+
+    /// A request looks at its connection's replacement only once it has waited SETTLE_AFTER
+    /// (watching costs every request a registration under a lock the connection's requests
+    /// share, and nearly all are answered sooner): one replaced before goes again then.
+    #[tokio::test(start_paused = true)]
+    async fn a_read_replaced_in_its_first_moments_goes_again_after_settle_after() {
+        let (result, took, attempts) = replaced_after(Kind::Read, Duration::from_millis(10)).await;
+        assert_eq!(result.unwrap(), 1);
+        assert_eq!(attempts, 2);
+        assert_eq!(took, SETTLE_AFTER);
     }
 
     #[tokio::test(start_paused = true)]

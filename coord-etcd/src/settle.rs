@@ -37,6 +37,9 @@ use tokio::time::Instant;
 /// How long a request waits on a member before the liveness task asks for its raft term: a
 /// write answered in milliseconds needs nothing, and one stranded by a leader's death is
 /// noticed before the election ends (etcd's elections take one to two election timeouts).
+/// Also when a request starts to listen for its settling (a write) or its connection's
+/// replacement (a read): not before, as nearly every request is answered sooner, and
+/// listening registers it under a lock that every request on the connection shares.
 pub(crate) const SETTLE_AFTER: Duration = Duration::from_millis(50);
 
 /// How many terms a connection remembers: an election moves the term on by one or two.
