@@ -169,7 +169,7 @@ async fn adapter_overhead(r: &mut Report) {
     )
     .await
     .expect("etcd-client");
-    let (tasks, per, rounds) = (32, 250, 6);
+    let (tasks, per, rounds) = (32, 250, 12);
     let names = ["raw", "raw-as-coord", "coord"];
     let mut rates = [Vec::new(), Vec::new(), Vec::new()];
     let mut cpu = [Duration::ZERO; 3];
