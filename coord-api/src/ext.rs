@@ -12,8 +12,8 @@ use crate::types::{KeyValue, Revision};
 /// Conveniences over [`KvLeaseStore`] for the common single-key cases. Implemented for every
 /// store; you MUST NOT implement it yourself.
 ///
-/// Its futures are the store's own, unboxed: a convenience costs nothing over the call it
-/// makes (the trait's generic methods make it unusable as `dyn` anyway).
+/// A convenience adds no future of its own to the heap: it returns the store's call, mapped
+/// (the trait's generic methods make it unusable as `dyn` anyway).
 pub trait KvLeaseStoreExt: KvLeaseStore {
     /// Reads one key: `None` when it does not exist.
     fn get_key(
