@@ -45,12 +45,40 @@ struct Shared {
 
 #[derive(Default)]
 struct State {
-    open: Option<SendRequest<Body>>,
+    open: Option<Conn>,
     /// How many attempts to connect came to an end (an attempt abandoned half-way, its
     /// request given up, does not).
     finished: u64,
     /// Why the latest attempt that came to an end failed, if it did.
     failed: Option<String>,
+}
+
+/// One connection: its handle, and how it ended once it has (`None` while it runs; then
+/// `Some(None)` for a clean end, `Some(Some(why))` for a failure).
+#[derive(Clone)]
+struct Conn {
+    sender: SendRequest<Body>,
+    ended: tokio::sync::watch::Receiver<Option<Option<String>>>,
+}
+
+impl Conn {
+    /// The error for a request the connection gave back unsent (`e`, hyper's "canceled"): if
+    /// the connection failed, why, for that is what the caller needs to hear (a TLS 1.3
+    /// server refusing our certificate just after the handshake says so only there). Still
+    /// worded as never sent, which it was.
+    async fn given_back(mut self, e: hyper::Error) -> BoxError {
+        // The connection is ending when it gives requests back; its task says why at once.
+        let ended = self.ended.wait_for(Option::is_some);
+        if let Ok(Ok(ended)) = tokio::time::timeout(Duration::from_secs(1), ended).await {
+            if let Some(Some(why)) = &*ended {
+                return unsent(format!(
+                    "error trying to connect: the connection closed before the request went \
+                     out: {why}"
+                ));
+            }
+        }
+        e.into()
+    }
 }
 
 /// What the channel says in a request's `user-agent`.
@@ -107,14 +135,17 @@ impl Http2 {
 impl Shared {
     async fn send(&self, request: Request<Body>) -> Result<Response<Body>, BoxError> {
         let request = self.with_origin(request)?;
-        let mut sender = self.sender().await?;
-        if sender.ready().await.is_err() {
+        let mut conn = self.sender().await?;
+        if conn.sender.ready().await.is_err() {
             // Closed since it was taken: the request is still here, unsent. One more
             // connection, not a loop: a member that closes each one at once fails this request.
-            sender = self.sender().await?;
+            conn = self.sender().await?;
         }
-        let response = sender.send_request(request).await?;
-        Ok(response.map(Body::new))
+        match conn.sender.send_request(request).await {
+            Ok(response) => Ok(response.map(Body::new)),
+            Err(e) if e.is_canceled() => Err(conn.given_back(e).await),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// The request with this member's scheme and authority, which HTTP/2 sends as
@@ -133,9 +164,9 @@ impl Shared {
     }
 
     /// The open connection, if it is still open.
-    fn open(&self, state: &mut State) -> Option<SendRequest<Body>> {
+    fn open(&self, state: &mut State) -> Option<Conn> {
         match &state.open {
-            Some(s) if !s.is_closed() => Some(s.clone()),
+            Some(c) if !c.sender.is_closed() => Some(c.clone()),
             Some(_) => {
                 state.open = None;
                 None
@@ -147,7 +178,7 @@ impl Shared {
     /// The connection, opened first if there is none. Requests that wait while another opens
     /// it share that attempt's outcome, failure included, rather than each try again in turn
     /// (a member that does not answer would otherwise cost each a connect timeout).
-    async fn sender(&self) -> Result<SendRequest<Body>, BoxError> {
+    async fn sender(&self) -> Result<Conn, BoxError> {
         let seen = {
             let mut state = self.lock();
             if let Some(s) = self.open(&mut state) {
@@ -178,11 +209,11 @@ impl Shared {
         let mut state = self.lock();
         state.finished += 1;
         match outcome {
-            Ok(sender) => {
+            Ok(conn) => {
                 tracing::debug!(member = %self.authority, "connected");
-                state.open = Some(sender.clone());
+                state.open = Some(conn.clone());
                 state.failed = None;
-                Ok(sender)
+                Ok(conn)
             }
             Err(why) => {
                 tracing::debug!(member = %self.authority, %why, "could not connect");
@@ -194,7 +225,7 @@ impl Shared {
 
     /// Dials the member and starts HTTP/2 on the stream, its connection driven by a task of
     /// its own until it closes.
-    async fn connect(&self) -> Result<SendRequest<Body>, String> {
+    async fn connect(&self) -> Result<Conn, String> {
         let io = (self.dial)()
             .await
             .map_err(|e| format!("error trying to connect: {}", chain(&e)))?;
@@ -204,12 +235,15 @@ impl Shared {
             .await
             .map_err(|e| format!("error trying to connect: HTTP/2 handshake: {}", chain(&e)))?;
         let member = self.authority.clone();
+        let (end, ended) = tokio::sync::watch::channel(None);
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(%member, error = %chain(&e), "connection closed");
+            let why = connection.await.err().map(|e| chain(&e));
+            if let Some(why) = &why {
+                tracing::debug!(%member, error = %why, "connection closed");
             }
+            end.send_replace(Some(why));
         });
-        Ok(sender)
+        Ok(Conn { sender, ended })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -295,7 +329,12 @@ mod tests {
         // The member closes it; the client's side notices, and the next request dials anew.
         servers.lock().unwrap()[0].abort();
         coord_api::testkit::within(Duration::from_secs(5), "the close noticed", async {
-            while !channel.lock().open.as_ref().is_none_or(|s| s.is_closed()) {
+            while !channel
+                .lock()
+                .open
+                .as_ref()
+                .is_none_or(|c| c.sender.is_closed())
+            {
                 tokio::task::yield_now().await;
             }
         })
@@ -343,6 +382,28 @@ mod tests {
         assert_eq!(started.elapsed(), Duration::from_secs(2));
         assert!(e.to_string().contains("no connection within 2s"), "{e}");
         assert_eq!(as_write(e), ErrorClass::Retryable);
+    }
+
+    /// A TLS 1.3 member that refuses our certificate does so just after the handshake: the
+    /// connection fails before it takes the request, and the request, given back unsent, must
+    /// say why (the probe turns it into "permission denied" from those words).
+    #[tokio::test]
+    async fn a_request_given_back_by_a_failed_connection_says_why() {
+        let (ours, _theirs) = tokio::io::duplex(1 << 16);
+        let (sender, connection) = Builder::new(TokioExecutor::new())
+            .handshake::<_, Body>(TokioIo::new(ours))
+            .await
+            .unwrap();
+        drop(connection);
+        let why = "received fatal alert: CertificateRequired";
+        let (end, ended) = tokio::sync::watch::channel(Some(Some(why.to_owned())));
+        let mut conn = Conn { sender, ended };
+        let e = conn.sender.send_request(request()).await.unwrap_err();
+        assert!(e.is_canceled(), "{e:?}");
+        let e = conn.given_back(e).await;
+        assert!(e.to_string().contains(why), "{e}");
+        assert_eq!(as_write(e), ErrorClass::Retryable);
+        drop(end);
     }
 
     #[tokio::test]
