@@ -66,16 +66,16 @@ impl Conn {
     /// the connection failed, why, for that is what the caller needs to hear (a TLS 1.3
     /// server refusing our certificate just after the handshake says so only there). Still
     /// worded as never sent, which it was.
-    async fn given_back(mut self, e: hyper::Error) -> BoxError {
-        // The connection is ending when it gives requests back; its task says why at once.
-        let ended = self.ended.wait_for(Option::is_some);
-        if let Ok(Ok(ended)) = tokio::time::timeout(Duration::from_secs(1), ended).await {
-            if let Some(Some(why)) = &*ended {
-                return unsent(format!(
-                    "error trying to connect: the connection closed before the request went \
-                     out: {why}"
-                ));
-            }
+    fn given_back(&self, e: hyper::Error) -> BoxError {
+        // Published before the connection gave anything back (see `Shared::connect`), so
+        // there is nothing to wait for: a connection that gives requests back while it still
+        // runs (closing gracefully, its streams finishing) has said nothing, and the request
+        // hears hyper's own words.
+        if let Some(Some(why)) = &*self.ended.borrow() {
+            return unsent(format!(
+                "error trying to connect: the connection closed before the request went out: \
+                 {why}"
+            ));
         }
         e.into()
     }
@@ -143,7 +143,7 @@ impl Shared {
         }
         match conn.sender.send_request(request).await {
             Ok(response) => Ok(response.map(Body::new)),
-            Err(e) if e.is_canceled() => Err(conn.given_back(e).await),
+            Err(e) if e.is_canceled() => Err(conn.given_back(e)),
             Err(e) => Err(e.into()),
         }
     }
@@ -237,7 +237,10 @@ impl Shared {
         let member = self.authority.clone();
         let (end, ended) = tokio::sync::watch::channel(None);
         tokio::spawn(async move {
-            let why = connection.await.err().map(|e| chain(&e));
+            // Awaited in place, not consumed: the connection gives its queued requests back
+            // when it is dropped, and by then how it ended must be published for them.
+            let mut connection = std::pin::pin!(connection);
+            let why = connection.as_mut().await.err().map(|e| chain(&e));
             if let Some(why) = &why {
                 tracing::debug!(%member, error = %why, "connection closed");
             }
@@ -400,7 +403,7 @@ mod tests {
         let mut conn = Conn { sender, ended };
         let e = conn.sender.send_request(request()).await.unwrap_err();
         assert!(e.is_canceled(), "{e:?}");
-        let e = conn.given_back(e).await;
+        let e = conn.given_back(e);
         assert!(e.to_string().contains(why), "{e}");
         assert_eq!(as_write(e), ErrorClass::Retryable);
         drop(end);
