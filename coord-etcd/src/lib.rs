@@ -22,10 +22,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
-mod channel;
 mod config;
 mod convert;
-mod dial;
 mod error;
 mod keepalive;
 mod liveness;
@@ -39,7 +37,6 @@ mod watch;
 pub mod testing;
 
 pub use config::{EtcdConfig, TlsConfig};
-pub use dial::{member_dialer, Dialing, MemberDialer, MemberIo};
 pub use store::{EtcdStore, MemberChannel};
 
 /// The crate's README, whose examples are compiled as doctests.
