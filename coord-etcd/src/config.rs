@@ -25,7 +25,8 @@ impl std::fmt::Debug for TlsConfig {
 }
 
 impl TlsConfig {
-    /// TLS with the system's defaults and no client certificate.
+    /// TLS with no trusted CA and no client certificate: add the CA that signs the members'
+    /// certificates ([`with_ca_pem`](Self::with_ca_pem)), for no other is trusted.
     pub fn new() -> Self {
         Self::default()
     }
