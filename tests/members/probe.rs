@@ -97,6 +97,9 @@ pub(crate) struct Figures {
     pub(crate) isolated_plain_txn_read: Outcome,
     /// A watch with require-leader opened before the cut: when it ends.
     pub(crate) isolated_watch_ends: Outcome,
+    /// A progress request on a watch without require-leader opened before the cut, asked an
+    /// election timeout after it: answered from the member's own state, at once.
+    pub(crate) isolated_progress: Outcome,
     /// Whether the rejoined member's return moved the raft term on (an election: etcd 3.4
     /// runs without pre-vote, so the member's campaigns while cut off unseat the leader).
     pub(crate) rejoin_moved_term: bool,
@@ -156,6 +159,10 @@ impl Figures {
             (
                 "isolated member: require-leader watch opened before the cut ends",
                 self.isolated_watch_ends.row(),
+            ),
+            (
+                "isolated member: progress request on a watch opened before the cut",
+                self.isolated_progress.row(),
             ),
             (
                 "isolated member rejoins: the raft term moves on (3.4 only)",
@@ -243,6 +250,13 @@ impl Figures {
         assert!(
             w.no_leader() && w.after >= et && w.after <= et * 8 + Duration::from_secs(1),
             "a require-leader watch on an isolated member must end with `no leader` a few election timeouts after the cut: {w:?}"
+        );
+        // Its watches hear nothing the others commit, yet the stream looks alive: a client
+        // cannot tell a cut-off member by its progress answers.
+        let p = &self.isolated_progress;
+        assert!(
+            p.ok() && p.after < Duration::from_secs(1),
+            "an isolated member must answer a progress request from its own state, at once: {p:?}"
         );
         let w = &self.leader_killed_write;
         assert!(
@@ -373,8 +387,33 @@ pub(crate) async fn probe(m: &dyn Members) -> Figures {
         .watch("probe/watched", None::<WatchOptions>)
         .await
         .expect("a watch");
+    // A watch without require-leader (etcd never ends it), confirmed before the cut.
+    let mut progress = plain
+        .clone()
+        .watch("probe/progress", None::<WatchOptions>)
+        .await
+        .expect("a watch");
+    progress
+        .message()
+        .await
+        .expect("the watch confirmed")
+        .expect("the watch confirmed");
     m.isolate(f).await;
     let cut = Instant::now();
+    // Asked an election timeout after the cut; nothing is written under the key, so the
+    // first message after the request is its answer.
+    let progress_answered = tokio::spawn(async move {
+        tokio::time::sleep(et).await;
+        let (mut sender, mut stream) = progress.split();
+        timed(async move {
+            sender.request_progress().await?;
+            match stream.message().await? {
+                Some(_) => Ok(()),
+                None => Err(etcd_client::Error::WatchError("the watch ended".into())),
+            }
+        })
+        .await
+    });
     let watch_ends = tokio::spawn(async move {
         let end = tokio::time::timeout(PATIENCE, async {
             loop {
@@ -404,6 +443,7 @@ pub(crate) async fn probe(m: &dyn Members) -> Figures {
     );
     let isolated_write_at_cut = at_cut.await.expect("the probe's task");
     let isolated_watch_ends = watch_ends.await.expect("the probe's task");
+    let isolated_progress = progress_answered.await.expect("the probe's task");
     let before = term(&mut connected(m, leader, true).await).await;
     m.rejoin().await;
     settle().await;
@@ -485,6 +525,7 @@ pub(crate) async fn probe(m: &dyn Members) -> Figures {
         isolated_plain_read,
         isolated_plain_txn_read,
         isolated_watch_ends,
+        isolated_progress,
         rejoin_moved_term,
         leader_killed_write,
         leader_killed_read,

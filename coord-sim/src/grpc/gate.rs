@@ -89,6 +89,20 @@ impl Gate {
         }
     }
 
+    /// Waits until the member answers a progress request: etcd answers one from the member's
+    /// own state, without raft, so a member cut off from its peers answers at once (with the
+    /// revision it has, while the others move on), a stalled one once thawed, a slow one late.
+    /// Returns whether the member is cut off.
+    pub(crate) async fn progress_answered(&self) -> bool {
+        let mut changes = self.members.subscribe();
+        self.while_stalled(&mut changes).await;
+        let late = self.members.lateness(self.index);
+        if !late.is_zero() {
+            tokio::time::sleep(late).await;
+        }
+        self.members.is_cut_off(self.index)
+    }
+
     /// Resolves with `no leader` when a require-leader stream on the member must end; never
     /// for one without require-leader.
     pub(crate) async fn stream_ends(&self, require_leader: bool) -> Status {

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -439,6 +440,8 @@ async fn serve_watches(
 ) {
     let mut watches: BTreeMap<i64, tokio::task::JoinHandle<()>> = BTreeMap::new();
     let mut next_id = 0;
+    // The highest revision the stream has told of.
+    let told = Arc::new(AtomicI64::new(0));
     while let Some(Ok(req)) = requests.next().await {
         match req.request_union {
             Some(PbWatchRequestUnion::CreateRequest(c)) => {
@@ -468,6 +471,7 @@ async fn serve_watches(
                         break;
                     }
                 };
+                told.fetch_max(store.revision().get(), Ordering::SeqCst);
                 let _ = out.send(Ok(PbWatchResponse {
                     header: header_in(store.revision(), gate.as_ref()),
                     watch_id: id,
@@ -476,7 +480,7 @@ async fn serve_watches(
                 }));
                 watches.insert(
                     id,
-                    tokio::spawn(forward(id, stream, out.clone(), gate.clone())),
+                    tokio::spawn(forward(id, stream, out.clone(), gate.clone(), told.clone())),
                 );
             }
             Some(PbWatchRequestUnion::CancelRequest(c)) => {
@@ -491,11 +495,19 @@ async fn serve_watches(
                 }));
             }
             Some(PbWatchRequestUnion::ProgressRequest(_)) => {
-                if let Some(g) = &gate {
-                    g.while_cut_off().await;
-                }
+                let cut_off = match &gate {
+                    Some(g) => g.progress_answered().await,
+                    None => false,
+                };
+                // A cut-off member's revision stops where it was cut off: no further than
+                // what this stream was told.
+                let revision = if cut_off {
+                    Rev(told.load(Ordering::SeqCst))
+                } else {
+                    store.revision()
+                };
                 let _ = out.send(Ok(PbWatchResponse {
-                    header: header_in(store.revision(), gate.as_ref()),
+                    header: header_in(revision, gate.as_ref()),
                     watch_id: -1,
                     ..Default::default()
                 }));
@@ -510,10 +522,19 @@ async fn serve_watches(
 
 /// Forwards one watch's batches; a compaction cancels it as etcd does, any other end of the
 /// store's stream ends the whole gRPC stream (the connection broke).
-async fn forward(id: i64, mut stream: coord_api::WatchStream, out: Out, gate: Option<Gate>) {
+async fn forward(
+    id: i64,
+    mut stream: coord_api::WatchStream,
+    out: Out,
+    gate: Option<Gate>,
+    told: Arc<AtomicI64>,
+) {
     while let Some(item) = stream.next().await {
         if let Some(g) = &gate {
             g.while_cut_off().await;
+        }
+        if let Ok(batch) = &item {
+            told.fetch_max(batch.revision.get(), Ordering::SeqCst);
         }
         let reply = match item {
             Ok(batch) => Ok(PbWatchResponse {
