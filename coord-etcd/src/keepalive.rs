@@ -233,10 +233,16 @@ impl Drop for InFlight<'_> {
             // holds renewals (cut off from its peers, its leader lost) is no use for them
             // (turmoil seed 50677: a member cut off while it still answered its status held
             // the re-sent renewal too, and the session expired).
+            // Its watches go too: they hear nothing the others commit (turmoil seed 80271: a
+            // leader whose key an operator deleted 70 ms after its member was cut off learned
+            // it only when etcd ended the stream, past the bound, its session renewing fine
+            // on the next member meanwhile).
             if !enabled(Bug::AbandonedRenewalStaysOnMember) {
                 self.pool.fail_over(self.endpoint);
             }
-            self.pool.unanswered(self.endpoint, self.sent);
+            if !self.pool.unanswered(self.endpoint, self.sent) {
+                self.pool.end_streams(self.endpoint);
+            }
         }
     }
 }
@@ -293,18 +299,26 @@ mod tests {
 
     /// The same when the member answered something else since the renewal was sent (a member
     /// cut off from its peers answers its status, yet holds renewals): the renewal still goes
-    /// elsewhere, and the connection, alive, is kept (turmoil seed 50677).
+    /// elsewhere (turmoil seed 50677), the connection, alive, is kept, and the streams on it
+    /// end, to resume on the next member: they hear nothing the others commit (turmoil seed
+    /// 80271).
     #[tokio::test]
     async fn a_renewal_abandoned_on_a_member_that_answers_else_moves_too() {
         let (pool, renewal) = renewal_on_a_silent_member(2).await;
-        let replaced = pool.connection_at(0).await.unwrap().1;
+        let streams = pool.connection_at(0).await.unwrap().1;
         pool.answered(0, Instant::now());
         renewal.abort();
         assert!(renewal.await.unwrap_err().is_cancelled());
         assert_eq!(pool.current(), 1, "the renewal goes to the next member");
+        assert!(streams.is_cancelled(), "the member's streams ended");
         assert!(
-            !replaced.is_cancelled(),
+            pool.open_at(0).is_some(),
             "a connection that answered is kept"
+        );
+        let fresh = pool.connection_at(0).await.unwrap().1;
+        assert!(
+            !fresh.is_cancelled(),
+            "streams opened on it afterwards carry on"
         );
     }
 

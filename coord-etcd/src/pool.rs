@@ -334,6 +334,19 @@ impl Pool {
         }
     }
 
+    /// Ends the streams open on endpoint `i`'s connection and keeps the connection: a member
+    /// that answers yet holds what needs its raft leader (a renewal) is cut off from its
+    /// peers, and its watches hear of no change the others commit, while it answers their
+    /// progress requests from its own state. etcd ends them only three election timeouts
+    /// after it lost its leader; ended now, they resume on the member requests moved to.
+    pub(crate) fn end_streams(&self, i: usize) {
+        let ep = &self.endpoints[i];
+        if let Some(open) = ep.client.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            tracing::debug!(endpoint = %ep.url, "holds what needs its leader; ending its streams");
+            std::mem::replace(&mut open.streams, CancellationToken::new()).cancel();
+        }
+    }
+
     fn activity(&self, i: usize) -> std::sync::MutexGuard<'_, Activity> {
         self.endpoints[i]
             .activity
