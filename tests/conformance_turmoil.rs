@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use coord_api::testkit::{Case, Ctx, Harness};
-use coord_etcd::{EtcdConfig, EtcdStore};
-use coord_sim::grpc::{add_etcd_host, channel, ETCD_PORT};
+use coord_etcd::{member_dialer, EtcdConfig, EtcdStore};
+use coord_sim::grpc::{add_etcd_host, dial, ETCD_PORT};
 use coord_sim::SimConfig;
 
 struct TurmoilHarness;
@@ -27,8 +27,8 @@ impl Harness for TurmoilHarness {
         let case = *case;
         sim.client("case", async move {
             let config = EtcdConfig::new([format!("http://etcd:{ETCD_PORT}")]).with_limits(limits);
-            let store =
-                EtcdStore::from_channel_factory(|| channel("etcd", ETCD_PORT), config).await?;
+            let dial = member_dialer(|| dial("etcd".to_owned(), ETCD_PORT));
+            let store = EtcdStore::from_member_dialers(vec![dial], config).await?;
             let cx = Ctx::new(Arc::new(store), format!("conformance/{}/", case.name));
             (case.run)(cx).await;
             Ok(())

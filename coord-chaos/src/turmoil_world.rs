@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use coord_api::sync::{watch, Stop};
-use coord_etcd::{EtcdConfig, EtcdStore, MemberChannel};
-use coord_sim::grpc::{channel_as, Clients, EtcdVersion, SimCluster, ETCD_PORT};
+use coord_etcd::{member_dialer, EtcdConfig, EtcdStore};
+use coord_sim::grpc::{dial_as, Clients, EtcdVersion, SimCluster, ETCD_PORT};
 use coord_sim::journal::{Entry, Origin};
 use coord_sim::{CompactionTask, SimConfig, SimStore};
 
@@ -315,21 +315,23 @@ impl NodeHost {
         // Every member, starting from a different one per node, as a fleet's configurations
         // spread their first endpoints.
         let members = self.cluster.len();
-        let channels = (0..members)
+        let dialers = (0..members)
             .map(|k| {
                 let host = self.cluster.host((self.n + k) % members).to_owned();
                 // Each connection served as this incarnation's: during a rolling restart two
                 // share the host's IP.
                 let (client, clients) = (client.clone(), self.clients.clone());
-                Box::new(move || channel_as(&host, ETCD_PORT, client.clone(), clients.clone()))
-                    as MemberChannel
+                member_dialer(move || {
+                    dial_as(host.clone(), ETCD_PORT, client.clone(), clients.clone())
+                })
             })
             .collect();
-        // The channels say where the members are; the config's endpoint is never dialled.
+        // The dialers say where the members are; the config's endpoint is never dialled. The
+        // channel over them is the one production runs, with the same settings.
         let config = EtcdConfig::new(["http://etcd:2379"])
             .with_limits(store.config().limits.clone())
             .with_request_timeout(self.scenario.request_timeout);
-        let etcd = EtcdStore::from_member_channels(channels, config).await?;
+        let etcd = EtcdStore::from_member_dialers(dialers, config).await?;
         let (node, control) = Node::new(
             who,
             Arc::new(etcd),

@@ -225,55 +225,13 @@ impl EtcdConfig {
     }
 
     /// What etcd-client applies per request: a leader required, the user to authenticate as.
-    /// The connection's own settings are on its channel ([`channel`](Self::channel)).
+    /// The connection's own settings are on its channel (`crate::channel`).
     pub(crate) fn connect_options(&self) -> etcd_client::ConnectOptions {
         let mut o = etcd_client::ConnectOptions::new().with_require_leader(self.require_leader);
         if let Some((u, p)) = &self.user {
             o = o.with_user(u, p);
         }
         o
-    }
-
-    /// A channel to one member at `endpoint` (validated), connected on its first request.
-    ///
-    /// Made here rather than by `etcd_client::Client::connect`, which always puts a balancer
-    /// in front of its endpoints, even one: the pool holds one channel per member and chooses
-    /// the member itself, so that balancer only costs (its readiness bookkeeping on every
-    /// request; BENCHMARKS.md, the concurrent puts).
-    pub(crate) fn channel(&self, endpoint: &str) -> Result<tonic::transport::Channel> {
-        let url = if endpoint.contains("://") {
-            endpoint.to_owned()
-        } else if self.tls.is_some() {
-            format!("https://{endpoint}")
-        } else {
-            format!("http://{endpoint}")
-        };
-        let bad = |e: &dyn std::fmt::Display| {
-            Error::invalid(format!("etcd config: endpoint {endpoint:?}: {e}"))
-        };
-        let mut channel = tonic::transport::Endpoint::from_shared(url)
-            .map_err(|e| bad(&e))?
-            .connect_timeout(self.connect_timeout);
-        if let Some((interval, timeout)) = self.keep_alive {
-            channel = channel
-                .http2_keep_alive_interval(interval)
-                .keep_alive_timeout(timeout)
-                .keep_alive_while_idle(true);
-        }
-        if let Some(tls) = &self.tls {
-            let mut t = tonic::transport::ClientTlsConfig::new();
-            if let Some(ca) = &tls.ca_pem {
-                t = t.ca_certificate(tonic::transport::Certificate::from_pem(ca));
-            }
-            if let Some((cert, key)) = &tls.identity {
-                t = t.identity(tonic::transport::Identity::from_pem(cert, key));
-            }
-            if let Some(d) = &tls.domain {
-                t = t.domain_name(d);
-            }
-            channel = channel.tls_config(t).map_err(|e| bad(&e))?;
-        }
-        Ok(channel.connect_lazy())
     }
 }
 

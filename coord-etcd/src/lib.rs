@@ -22,8 +22,10 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
+mod channel;
 mod config;
 mod convert;
+mod dial;
 mod error;
 mod keepalive;
 mod liveness;
@@ -37,6 +39,7 @@ mod watch;
 pub mod testing;
 
 pub use config::{EtcdConfig, TlsConfig};
+pub use dial::{member_dialer, Dialing, MemberDialer, MemberIo};
 pub use store::{EtcdStore, MemberChannel};
 
 /// The crate's README, whose examples are compiled as doctests.

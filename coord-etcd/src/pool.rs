@@ -16,18 +16,22 @@ use etcd_client::Client;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::channel::Http2;
 use crate::config::EtcdConfig;
+use crate::dial::Dialer;
 use crate::error::{from_member, map, Kind, BACKEND};
 use crate::settle::{Headed, Terms, SETTLE_AFTER};
 
 /// One endpoint and, once connected, its client. Each endpoint gets its own client (a
 /// channel to that member alone) so the store decides where a request goes: etcd-client's
 /// own balancer keeps picking a dead member and fails about a third of requests after a
-/// member dies (`docs/ETCD-BEHAVIOUR.md` 3.6). Its channel is made by
-/// [`EtcdConfig::channel`], not by etcd-client's `connect`, which puts that balancer in front
+/// member dies (`docs/ETCD-BEHAVIOUR.md` 3.6). Its channel is coord's own
+/// (`crate::channel`), not made by etcd-client's `connect`, which puts that balancer in front
 /// of even one endpoint.
 struct Endpoint {
     url: String,
+    /// How its connections are made.
+    transport: Transport,
     /// The connection, once made.
     client: Mutex<Option<Open>>,
     /// What the current connection was last asked and last answered.
@@ -35,9 +39,19 @@ struct Endpoint {
     /// How many watch streams are open on this endpoint: a connection that carries one waits
     /// on the server to speak, so only a probe can tell it died (see `crate::liveness`).
     watches: AtomicUsize,
-    /// Makes the channel to connect over, when the caller supplies channels
-    /// ([`EtcdStore::from_member_channels`](crate::EtcdStore::from_member_channels)) rather than endpoints.
-    channel: Option<ChannelFactory>,
+}
+
+/// How the pool makes a connection to one member.
+#[derive(Clone)]
+pub(crate) enum Transport {
+    /// TCP (and TLS) to the endpoint, with the configuration's settings.
+    Endpoint,
+    /// Over streams the caller's dialer opens
+    /// ([`EtcdStore::from_member_dialers`](crate::EtcdStore::from_member_dialers)).
+    Dial(Dialer),
+    /// Over tonic channels the caller makes
+    /// ([`EtcdStore::from_member_channels`](crate::EtcdStore::from_member_channels)).
+    Channel(ChannelFactory),
 }
 
 /// What a connection was asked and answered: how the pool tells a connection that is quiet
@@ -98,32 +112,27 @@ impl Drop for Watching {
 }
 
 impl Pool {
-    /// Connects to `config`'s endpoints, or, when `channels` are given, over them: one
-    /// factory per member, in order.
-    pub(crate) fn new(config: EtcdConfig, channels: Vec<ChannelFactory>) -> Arc<Self> {
-        let endpoints = if channels.is_empty() {
+    /// Connects to `config`'s endpoints, or, when `members` are given, as they say: one
+    /// per member, in order.
+    pub(crate) fn new(config: EtcdConfig, members: Vec<Transport>) -> Arc<Self> {
+        let endpoint = |url: String, transport| Endpoint {
+            url,
+            transport,
+            client: Mutex::new(None),
+            activity: Mutex::default(),
+            watches: AtomicUsize::new(0),
+        };
+        let endpoints = if members.is_empty() {
             config
                 .endpoints
                 .iter()
-                .map(|url| Endpoint {
-                    url: url.clone(),
-                    client: Mutex::new(None),
-                    activity: Mutex::default(),
-                    watches: AtomicUsize::new(0),
-                    channel: None,
-                })
+                .map(|url| endpoint(url.clone(), Transport::Endpoint))
                 .collect()
         } else {
-            channels
+            members
                 .into_iter()
                 .enumerate()
-                .map(|(i, make)| Endpoint {
-                    url: format!("channel {i}"),
-                    client: Mutex::new(None),
-                    activity: Mutex::default(),
-                    watches: AtomicUsize::new(0),
-                    channel: Some(make),
-                })
+                .map(|(i, t)| endpoint(format!("member-{i}"), t))
                 .collect()
         };
         Arc::new_cyclic(|me| Pool {
@@ -282,11 +291,20 @@ impl Pool {
             return Ok(o);
         }
         let options = Some(self.config.connect_options());
-        let channel = match &ep.channel {
-            Some(make) => make(),
-            None => self.config.channel(&ep.url)?,
+        let channel = match &ep.transport {
+            Transport::Endpoint => {
+                let (dial, origin) = crate::dial::tcp(&ep.url, &self.config)?;
+                Http2::new(dial, &origin, &self.config).into_etcd()
+            }
+            Transport::Dial(dial) => {
+                let origin = format!("http://{}", ep.url)
+                    .parse()
+                    .expect("member-N is a host name");
+                Http2::new(dial.clone(), &origin, &self.config).into_etcd()
+            }
+            Transport::Channel(make) => etcd_client::Channel::Tonic(make()),
         };
-        let client = Client::from_channel(etcd_client::Channel::Tonic(channel), options)
+        let client = Client::from_channel(channel, options)
             .await
             .map_err(|e| map("connect", Kind::Read, e))?;
         let open = Open {
@@ -376,15 +394,11 @@ impl Pool {
     /// A member that accepts connections and never answers (the kernel completes the
     /// handshakes; nothing reads), and a channel to it: a connection dead without a reset.
     #[cfg(test)]
-    pub(crate) fn silent_member() -> (std::net::TcpListener, ChannelFactory) {
+    pub(crate) fn silent_member() -> (std::net::TcpListener, Transport) {
         let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", silent.local_addr().unwrap());
-        let channel: ChannelFactory = Arc::new(move || {
-            tonic::transport::Endpoint::from_shared(url.clone())
-                .unwrap()
-                .connect_lazy()
-        });
-        (silent, channel)
+        let at = silent.local_addr().unwrap();
+        let dial = crate::dial::member_dialer(move || tokio::net::TcpStream::connect(at));
+        (silent, Transport::Dial(Arc::from(dial)))
     }
 
     /// Whether endpoint `i`'s connection waits on an answer.
@@ -738,9 +752,8 @@ mod tests {
     /// A pool of `members` members whose connections are never used: the requests below fail
     /// before they reach them.
     fn pool_of(members: usize) -> Arc<Pool> {
-        let lazy: ChannelFactory = Arc::new(|| {
-            tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy()
-        });
+        let lazy = crate::dial::member_dialer(|| tokio::net::TcpStream::connect("127.0.0.1:1"));
+        let lazy = Transport::Dial(Arc::from(lazy));
         Pool::new(
             EtcdConfig::new(["unused:1"]).with_request_timeout(Duration::from_secs(2)),
             vec![lazy; members],

@@ -13,9 +13,10 @@ use coord_api::{
 
 use crate::config::EtcdConfig;
 use crate::convert;
+use crate::dial::MemberDialer;
 use crate::error::{with_lease, Kind, BACKEND};
 use crate::keepalive::EtcdKeepAlive;
-use crate::pool::{ChannelFactory, Pool};
+use crate::pool::{ChannelFactory, Pool, Transport};
 use crate::watch;
 
 /// Makes a new channel (a new connection) to one member; see
@@ -132,9 +133,47 @@ impl EtcdStore {
         }
         let channels = members
             .into_iter()
-            .map(|make| -> ChannelFactory { Arc::from(make) })
+            .map(|make| Transport::Channel(ChannelFactory::from(make)))
             .collect();
         let store = Self::on(Pool::new(config, channels));
+        store.pool.client_at(0).await?;
+        Ok(store)
+    }
+
+    /// Connects to a cluster over connections that dialers open, one dialer per member, with
+    /// coord's own HTTP/2 channel and `config`'s connect timeout and keep-alive, as
+    /// [`connect`](Self::connect) does over TCP: for example over a simulated network. The
+    /// dialled stream is used as it is (TLS, if wanted, is the dialer's); `config`'s endpoints
+    /// are not dialled. Requests go to the first member until it fails, then move on.
+    ///
+    /// ```no_run
+    /// # async fn run() -> coord_api::Result<()> {
+    /// use coord_etcd::{member_dialer, EtcdConfig, EtcdStore};
+    /// let members = ["10.0.0.1:2379", "10.0.0.2:2379"]
+    ///     .map(|at| member_dialer(move || tokio::net::TcpStream::connect(at)))
+    ///     .into();
+    /// let store = EtcdStore::from_member_dialers(members, EtcdConfig::new(["unused:1"])).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] without a dialer or with an invalid `config`;
+    /// [`Error::Unavailable`] when the first member cannot be reached.
+    pub async fn from_member_dialers(
+        members: Vec<MemberDialer>,
+        config: EtcdConfig,
+    ) -> Result<Self> {
+        if members.is_empty() {
+            return Err(Error::InvalidArgument {
+                reason: "from_member_dialers needs a dialer per member, got none".into(),
+            });
+        }
+        config.validate()?;
+        let members = members
+            .into_iter()
+            .map(|dial| Transport::Dial(Arc::from(dial)))
+            .collect();
+        let store = Self::on(Pool::new(config, members));
         store.pool.client_at(0).await?;
         Ok(store)
     }

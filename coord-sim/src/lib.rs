@@ -62,8 +62,9 @@
 //! Over turmoil, one piece of real time remains in the stack: HTTP/2 (h2) remembers a stream
 //! it reset for a second of the system clock, and a late frame for it draws a reset back only
 //! after that second, one message more on turmoil's network. The channels of `grpc` forget a
-//! reset stream at once, so a history does not depend on how fast the machine ran it; a
-//! channel of your own to the simulated members wants the same
+//! reset stream at once, so a history does not depend on how fast the machine ran it, and so
+//! does `coord_etcd`'s own channel, which `EtcdStore` runs over `grpc::dial`'s connections as
+//! it runs in production; a channel of your own to the simulated members wants the same
 //! (`Endpoint::http2_max_concurrent_reset_streams(0)`). The server's side of a connection
 //! keeps hyper's setting, which tonic does not expose: a frame the client sent before the
 //! server reset its stream, reaching the server more than a second of real time later (on a

@@ -4,8 +4,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use coord_etcd::{EtcdConfig, EtcdStore, MemberChannel};
-use coord_sim::grpc::{channel, EtcdVersion, SimCluster, ETCD_PORT};
+use coord_etcd::{member_dialer, EtcdConfig, EtcdStore};
+use coord_sim::grpc::{channel, dial, EtcdVersion, SimCluster, ETCD_PORT};
 use etcd_client::Client;
 use tokio::sync::oneshot;
 
@@ -94,14 +94,14 @@ impl Members for Simulated {
     }
 
     async fn store(&self, first: usize) -> EtcdStore {
-        let channels = (0..self.hosts.len())
+        let dialers = (0..self.hosts.len())
             .map(|k| {
                 let host = self.hosts[(first + k) % self.hosts.len()].clone();
-                Box::new(move || channel(&host, ETCD_PORT)) as MemberChannel
+                member_dialer(move || dial(host.clone(), ETCD_PORT))
             })
             .collect();
-        // The channels say where the members are; the config's endpoint is never dialled.
-        EtcdStore::from_member_channels(channels, EtcdConfig::new(["http://etcd:2379"]))
+        // The dialers say where the members are; the config's endpoint is never dialled.
+        EtcdStore::from_member_dialers(dialers, EtcdConfig::new(["http://etcd:2379"]))
             .await
             .expect("a store of every member")
     }

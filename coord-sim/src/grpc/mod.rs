@@ -15,5 +15,5 @@ mod services;
 pub use cluster::{ClusterBuilder, SimCluster};
 pub use host::{add_etcd_host, DurableStore, ETCD_PORT};
 pub use members::EtcdVersion;
-pub use net::{channel, channel_as, incoming, SimTcp};
+pub use net::{channel, channel_as, dial, dial_as, incoming, SimTcp};
 pub use services::{Clients, EtcdService};

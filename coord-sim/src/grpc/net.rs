@@ -139,10 +139,12 @@ pub(crate) fn incoming_until(
     }
 }
 
-/// A channel to `host:port` over turmoil's network, connecting lazily (and again after a
-/// broken connection), with HTTP/2 keep-alive so a dead peer is noticed, as
-/// `EtcdConfig`'s defaults do, and no memory of reset streams, which HTTP/2 keeps in real
-/// time (see the crate's determinism notes).
+/// A tonic channel to `host:port` over turmoil's network, for clients other than
+/// `coord_etcd::EtcdStore` (raw etcd-client, say), connecting lazily (and again after a
+/// broken connection), with HTTP/2 keep-alive so a dead peer is noticed, as `EtcdConfig`'s
+/// defaults do, and no memory of reset streams, which HTTP/2 keeps in real time (see the
+/// crate's determinism notes). `EtcdStore` runs over [`dial`]'s connections instead, with its
+/// own channel, as in production.
 pub fn channel(host: &str, port: u16) -> Channel {
     connect(host, port, None)
 }
@@ -176,21 +178,46 @@ fn connect(host: &str, port: u16, serve_as: Option<(crate::SimStore, Clients)>) 
         async move {
             let host = uri.host().unwrap_or("localhost").to_owned();
             let port = uri.port_u16().unwrap_or(2379);
-            // In hyper's words for a refused connection, which clients (EtcdStore among them)
-            // read as "never sent".
-            let stream = turmoil::net::TcpStream::connect((host.as_str(), port))
-                .await
-                .map_err(|e| match e.kind() {
-                    io::ErrorKind::ConnectionRefused => io::Error::new(
-                        e.kind(),
-                        format!("tcp connect error: Connection refused ({e})"),
-                    ),
-                    _ => e,
-                })?;
-            if let Some((client, clients)) = serve_as {
-                clients.connected(stream.local_addr()?, client);
-            }
-            Ok::<_, io::Error>(TokioIo::new(SimTcp::new(stream, None)))
+            dial_to(host, port, serve_as).await.map(TokioIo::new)
         }
     }))
+}
+
+/// Opens a connection to `host:port` over turmoil's network: for a client that makes its own
+/// channel, as `coord_etcd::EtcdStore::from_member_dialers` does (with `member_dialer`).
+pub async fn dial(host: String, port: u16) -> io::Result<SimTcp> {
+    dial_to(host, port, None).await
+}
+
+/// [`dial`], the connection served through `client` (registered in `clients` as it
+/// connects), as [`channel_as`].
+pub async fn dial_as(
+    host: String,
+    port: u16,
+    client: crate::SimStore,
+    clients: Clients,
+) -> io::Result<SimTcp> {
+    dial_to(host, port, Some((client, clients))).await
+}
+
+async fn dial_to(
+    host: String,
+    port: u16,
+    serve_as: Option<(crate::SimStore, Clients)>,
+) -> io::Result<SimTcp> {
+    // In hyper's words for a refused connection, which clients (EtcdStore among them) read as
+    // "never sent".
+    let stream = turmoil::net::TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|e| match e.kind() {
+            io::ErrorKind::ConnectionRefused => io::Error::new(
+                e.kind(),
+                format!("tcp connect error: Connection refused ({e})"),
+            ),
+            _ => e,
+        })?;
+    if let Some((client, clients)) = serve_as {
+        clients.connected(stream.local_addr()?, client);
+    }
+    Ok(SimTcp::new(stream, None))
 }
