@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::uri::{Authority, Scheme};
-use http::{HeaderValue, Request, Response, Uri};
+use http::{Request, Response, Uri};
 use hyper::client::conn::http2::{Builder, SendRequest};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tonic::body::Body;
@@ -80,9 +80,6 @@ impl Conn {
         e.into()
     }
 }
-
-/// What the channel says in a request's `user-agent`.
-const USER_AGENT: &str = concat!("coord-etcd/", env!("CARGO_PKG_VERSION"));
 
 impl Http2 {
     /// A channel that opens its connections with `dial`, to a member known to HTTP/2 as
@@ -156,10 +153,6 @@ impl Shared {
         uri.scheme = Some(self.scheme.clone());
         uri.authority = Some(self.authority.clone());
         head.uri = Uri::from_parts(uri)?;
-        head.headers.insert(
-            http::header::USER_AGENT,
-            HeaderValue::from_static(USER_AGENT),
-        );
         Ok(Request::from_parts(head, body))
     }
 
@@ -415,7 +408,7 @@ mod tests {
         let (seen_tx, seen) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
             let answer = hyper::service::service_fn(move |request: Request<_>| {
-                let _ = seen_tx.send((request.uri().clone(), request.headers().clone()));
+                let _ = seen_tx.send(request.uri().clone());
                 async { Ok::<_, Infallible>(Response::new(String::new())) }
             });
             let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
@@ -428,8 +421,7 @@ mod tests {
             Box::pin(async move { io.ok_or_else(|| std::io::Error::other("dialled twice")) })
         });
         channel(dial).send(request()).await.unwrap();
-        let (uri, headers) = { seen }.recv().await.unwrap();
+        let uri = { seen }.recv().await.unwrap();
         assert_eq!(uri, "http://member-0/etcdserverpb.KV/Range");
-        assert_eq!(headers[http::header::USER_AGENT], USER_AGENT);
     }
 }
