@@ -642,10 +642,9 @@ impl Pool {
                 }
             }
         };
-        let (request, replaced, terms) = lent;
+        let (mut request, replaced, terms) = lent;
         self.asked(idx, sent);
         let _writing = (kind == Kind::Write).then(|| terms.writing(sent));
-        let mut request = request;
         // Most requests are answered within SETTLE_AFTER, and wait on nothing else: what
         // follows registers with locks every request on the connection shares.
         let timer = tokio::time::sleep_until(deadline.min(sent + SETTLE_AFTER));

@@ -39,10 +39,7 @@ impl Gate {
         let mut changes = self.members.subscribe();
         self.while_stalled(&mut changes).await;
         let arrived = now();
-        let late = self.members.lateness(self.index);
-        if !late.is_zero() {
-            tokio::time::sleep(late).await;
-        }
+        self.late().await;
         loop {
             self.while_stalled(&mut changes).await;
             match self
@@ -65,6 +62,14 @@ impl Gate {
         }
     }
 
+    /// Waits out the member's lateness: a slow member answers everything this late.
+    async fn late(&self) {
+        let late = self.members.lateness(self.index);
+        if !late.is_zero() {
+            tokio::time::sleep(late).await;
+        }
+    }
+
     async fn while_stalled(&self, changes: &mut tokio::sync::watch::Receiver<u64>) {
         while self.members.is_stalled(self.index) {
             if changes.changed().await.is_err() {
@@ -83,10 +88,7 @@ impl Gate {
                 return;
             }
         }
-        let late = self.members.lateness(self.index);
-        if !late.is_zero() {
-            tokio::time::sleep(late).await;
-        }
+        self.late().await;
     }
 
     /// Waits until the member answers a progress request: etcd answers one from the member's
@@ -96,10 +98,7 @@ impl Gate {
     pub(crate) async fn progress_answered(&self) -> bool {
         let mut changes = self.members.subscribe();
         self.while_stalled(&mut changes).await;
-        let late = self.members.lateness(self.index);
-        if !late.is_zero() {
-            tokio::time::sleep(late).await;
-        }
+        self.late().await;
         self.members.is_cut_off(self.index)
     }
 
