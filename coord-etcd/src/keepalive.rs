@@ -229,20 +229,16 @@ impl Drop for InFlight<'_> {
         if !self.done {
             use coord_api::hooks::planted::{enabled, Bug};
             // The connection goes if it answered nothing since (dead, or the member stalled);
-            // the renewal goes elsewhere either way: a member that answers other requests yet
-            // holds renewals (cut off from its peers, its leader lost) is no use for them
-            // (turmoil seed 50677: a member cut off while it still answered its status held
-            // the re-sent renewal too, and the session expired).
-            // Its watches go too: they hear nothing the others commit (turmoil seed 80271: a
-            // leader whose key an operator deleted 70 ms after its member was cut off learned
-            // it only when etcd ended the stream, past the bound, its session renewing fine
-            // on the next member meanwhile).
+            // the renewal goes elsewhere either way, and the member's streams with it
+            // (`Pool::fail_over`): a member that answers other requests yet holds renewals
+            // (cut off from its peers, its leader lost) is no use for them (turmoil seed
+            // 50677: a member cut off while it still answered its status held the re-sent
+            // renewal too, and the session expired), and its watches hear nothing the others
+            // commit.
             if !enabled(Bug::AbandonedRenewalStaysOnMember) {
                 self.pool.fail_over(self.endpoint);
             }
-            if !self.pool.unanswered(self.endpoint, self.sent) {
-                self.pool.end_streams(self.endpoint);
-            }
+            self.pool.unanswered(self.endpoint, self.sent);
         }
     }
 }

@@ -358,15 +358,11 @@ impl Pool {
         }
     }
 
-    /// Ends the streams open on endpoint `i`'s connection and keeps the connection: a member
-    /// that answers yet holds what needs its raft leader (a renewal) is cut off from its
-    /// peers, and its watches hear of no change the others commit, while it answers their
-    /// progress requests from its own state. etcd ends them only three election timeouts
-    /// after it lost its leader; ended now, they resume on the member requests moved to.
-    pub(crate) fn end_streams(&self, i: usize) {
+    /// Ends the streams open on endpoint `i`'s connection and keeps the connection, when
+    /// requests move off the member (see [`fail_over`](Self::fail_over)).
+    fn end_streams(&self, i: usize) {
         let ep = &self.endpoints[i];
         if let Some(open) = ep.client.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
-            tracing::debug!(endpoint = %ep.url, "holds what needs its leader; ending its streams");
             std::mem::replace(&mut open.streams, CancellationToken::new()).cancel();
         }
     }
@@ -470,7 +466,16 @@ impl Pool {
         self.current.load(Ordering::Relaxed)
     }
 
-    /// Moves requests off endpoint `from` (if no one moved them already).
+    /// Moves requests off endpoint `from` (if no one moved them already), and the streams
+    /// open on it with them: they end, and their watchers resume on the next member. Streams
+    /// live where requests go, because requests are what finds a member sick: a member left
+    /// for any reason (a `leader changed`, a renewal it held) and cut off later answers the
+    /// progress requests of the watches still open on it from its own state, while it hears
+    /// of no change the others commit, until etcd ends them three election timeouts after it
+    /// lost its leader. No request of the pool's would go there to find out. (turmoil seed
+    /// 80271: a leader whose key an operator deleted 70 ms after its member was cut off
+    /// learned it only when etcd ended the stream, past the bound, its session renewing fine
+    /// on the next member meanwhile.) The cost is one resumption per watch per failover.
     pub(crate) fn fail_over(&self, from: usize) {
         let n = self.endpoints.len();
         if n > 1 {
@@ -483,18 +488,16 @@ impl Pool {
                 tracing::debug!(
                     from = %self.endpoints[from].url,
                     to = %self.endpoints[next].url,
-                    "etcd endpoint failed; moving to the next"
+                    "etcd endpoint failed; moving to the next, and its streams with it"
                 );
+                self.end_streams(from);
             }
         }
     }
 
     /// Moves requests off endpoint `from` after it failed with `err`. A member that answers
-    /// `no leader` is cut off from its peers: the next may be with the majority, and the
-    /// watches open on it are stale (it hears of no change the others commit, yet answers
-    /// their progress requests), which etcd ends only three election timeouts later. They
-    /// end now, with its connection, and resume on the next member: a leader whose key an
-    /// operator deleted meanwhile learns it then, not seconds later.
+    /// `no leader` is cut off from its peers: the next may be with the majority. Its
+    /// connection goes too, so that a stream opened on it meanwhile ends as well.
     pub(crate) fn fail_over_after(&self, from: usize, err: &(dyn std::error::Error + 'static)) {
         use coord_api::hooks::planted::{enabled, Bug};
         let cut_off = error_chain(err).contains("no leader");
@@ -504,7 +507,7 @@ impl Pool {
         // Moved first, as in `abandon_if_silent_since`: the streams ended go to the next.
         self.fail_over(from);
         if cut_off {
-            tracing::debug!(endpoint = %self.endpoints[from].url, "member has no leader; ending its streams");
+            tracing::debug!(endpoint = %self.endpoints[from].url, "member has no leader; reconnecting");
             self.reconnect(from);
         }
     }
@@ -629,7 +632,10 @@ impl Pool {
         let lent = match self.lend(idx, &mut *f) {
             Some(lent) => lent,
             None => {
-                match tokio::time::timeout_at(deadline, self.open(idx)).await {
+                // Boxed: opening a connection (etcd-client's connect) is a future of kilobytes,
+                // and inline it made every request's future 6.7 KB, copied whole into the
+                // box each store call is, for a path a connection takes once (1.4 KB boxed).
+                match tokio::time::timeout_at(deadline, Box::pin(self.open(idx))).await {
                     Ok(Ok(_)) => {}
                     Ok(Err(e)) => return Attempt::Failed(idx, e),
                     Err(_) => return self.over(op, kind, idx, sent),
@@ -945,17 +951,23 @@ mod tests {
     }
 
     /// A read answered `no leader` by member 0 and then `leader changed` by member 1: which
-    /// connections were replaced, and where requests go now.
+    /// streams ended, which connections went, and where requests go now.
     #[tokio::test(start_paused = true)]
-    async fn a_member_without_a_leader_has_its_streams_ended() {
+    async fn the_streams_of_a_member_requests_leave_end() {
         let pool = pool_of(3);
         let tokens = connections(&pool).await;
         let result = read_answered(&pool, &["etcdserver: no leader", "leader changed"]).await;
         assert!(result.is_ok(), "{result:?}");
-        // Member 0 is cut off: its watches are stale and end. Member 1 only lost its leader
-        // to an election: its streams carry on.
-        assert_eq!(replaced(&tokens), [true, false, false]);
+        // Requests left members 0 and 1, and their streams with them: a watch left on member
+        // 1 would go stale, unwatched, if it were cut off later.
+        assert_eq!(replaced(&tokens), [true, true, false]);
         assert_eq!(pool.current(), 2);
+        // Member 0 is cut off: its connection goes too. Member 1 only lost its leader to an
+        // election: its connection is kept.
+        assert!(pool.open_at(0).is_none(), "member 0's connection is replaced");
+        assert!(pool.open_at(1).is_some(), "member 1's connection is kept");
+        let fresh = pool.connection_at(1).await.unwrap().1;
+        assert!(!fresh.is_cancelled(), "streams opened on it afterwards carry on");
     }
 
     /// A member's refusal is an answer from a live member: it ends its connection's wait, so
@@ -982,7 +994,11 @@ mod tests {
         pool.asked(2, sent);
         tokio::time::advance(Duration::from_secs(1)).await;
         assert!(pool.unanswered(2, sent));
-        assert_eq!(replaced(&tokens), [false, true, true]);
+        // Every member's streams ended (requests left 0 and 1, 2 was replaced); only the
+        // connections that had not answered went.
+        assert_eq!(replaced(&tokens), [true, true, true]);
+        let kept: Vec<bool> = (0..3).map(|i| pool.open_at(i).is_some()).collect();
+        assert_eq!(kept, [true, false, false]);
     }
 
     /// The gaps between the attempts of a read, about `about`, that fails every time with
