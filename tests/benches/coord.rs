@@ -173,11 +173,13 @@ async fn adapter_overhead(r: &mut Report) {
     let names = ["raw", "raw-as-coord", "coord"];
     let mut rates = [Vec::new(), Vec::new(), Vec::new()];
     let mut cpu = [Duration::ZERO; 3];
+    let mut calls = [(0, 0); 3];
     for round in 0..rounds {
         for k in 0..names.len() {
             let which = (round + k) % names.len();
             let start = Instant::now();
             let cpu_before = process_cpu();
+            let calls_before = process_syscalls();
             let mut hs = Vec::new();
             for t in 0..tasks {
                 let (mut c, s) = (
@@ -205,6 +207,9 @@ async fn adapter_overhead(r: &mut Report) {
             }
             rates[which].push((tasks * per) as f64 / start.elapsed().as_secs_f64());
             cpu[which] += process_cpu().saturating_sub(cpu_before);
+            let calls_after = process_syscalls();
+            calls[which].0 += calls_after.0 - calls_before.0;
+            calls[which].1 += calls_after.1 - calls_before.1;
         }
     }
     let median = |v: &[f64]| {
@@ -239,6 +244,44 @@ async fn adapter_overhead(r: &mut Report) {
         (cpu[1] / puts).as_secs_f64() * 1e6,
         (cpu[2] / puts).as_secs_f64() * 1e6,
     ));
+    // What each put's future costs to make: a store call is boxed (the trait is object safe),
+    // and a box is filled by copying the whole future in.
+    let coord_put = store.put(PutRequest::new("bench/size", "v"));
+    let mut kv = raw.kv_client();
+    let raw_put = kv.put("bench/size", "v", None);
+    r.line(format!(
+        "A put's future: coord {} bytes (boxed), raw etcd-client {} bytes.",
+        std::mem::size_of_val(&*coord_put),
+        std::mem::size_of_val(&raw_put),
+    ));
+    drop((coord_put, raw_put));
+    // Most of a put's client CPU is the kernel's, sending and receiving: how many system
+    // calls each client made per put says how well its connection batches them.
+    let per_put = |(reads, writes): (u64, u64)| {
+        format!(
+            "{:.2} reads, {:.2} writes",
+            reads as f64 / puts as f64,
+            writes as f64 / puts as f64
+        )
+    };
+    r.line(format!(
+        "System calls per put: raw {}; raw with coord's connection settings {}; coord {}.",
+        per_put(calls[0]),
+        per_put(calls[1]),
+        per_put(calls[2]),
+    ));
+}
+
+/// This process's read and write system calls so far (every thread), from `/proc/self/io`.
+fn process_syscalls() -> (u64, u64) {
+    let io = std::fs::read_to_string("/proc/self/io").unwrap_or_default();
+    let field = |name: &str| {
+        io.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (field("syscr:"), field("syscw:"))
 }
 
 /// This process's CPU time so far (user and system, every thread), from `/proc/self/stat`.
