@@ -964,10 +964,16 @@ mod tests {
         assert_eq!(pool.current(), 2);
         // Member 0 is cut off: its connection goes too. Member 1 only lost its leader to an
         // election: its connection is kept.
-        assert!(pool.open_at(0).is_none(), "member 0's connection is replaced");
+        assert!(
+            pool.open_at(0).is_none(),
+            "member 0's connection is replaced"
+        );
         assert!(pool.open_at(1).is_some(), "member 1's connection is kept");
         let fresh = pool.connection_at(1).await.unwrap().1;
-        assert!(!fresh.is_cancelled(), "streams opened on it afterwards carry on");
+        assert!(
+            !fresh.is_cancelled(),
+            "streams opened on it afterwards carry on"
+        );
     }
 
     /// A member's refusal is an answer from a live member: it ends its connection's wait, so
