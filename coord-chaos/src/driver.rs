@@ -198,8 +198,12 @@ impl Driver {
             }
             if f.kind == FaultKind::LeaderTransfer {
                 // The cluster may refuse (an election under way): recorded only if it moved.
-                if world.transfer_leader(f.node % world.members()) {
-                    world.record(Happening::FaultStart(f.clone()));
+                let to = f.node % world.members();
+                if world.transfer_leader(to) {
+                    world.record(Happening::FaultStart(Fault {
+                        node: to,
+                        ..f.clone()
+                    }));
                 }
                 return;
             }
@@ -234,8 +238,16 @@ impl Driver {
                 world.operator(f);
                 return;
             }
-            // Recorded before it acts, so that what it causes comes after it in the history.
-            world.record(Happening::FaultStart(f.clone()));
+            // Recorded before it acts, so that what it causes comes after it in the history;
+            // a member fault names the member it hits, which may not be the one drawn.
+            let recorded = match member_hit(world, f) {
+                Some(member) => Fault {
+                    node: member,
+                    ..f.clone()
+                },
+                None => f.clone(),
+            };
+            world.record(Happening::FaultStart(recorded));
             self.begin(world, f);
             if f.kind.lasts() {
                 self.acting.insert(f.clone());
@@ -244,8 +256,16 @@ impl Driver {
             // The world knows whether it armed it, and what it hit.
             world.hold_first_writer(f, false);
         } else if self.acting.remove(f) {
+            // Named as its start was: a member fault by the member it hit.
+            let recorded = match &self.member_fault {
+                Some((g, member)) if g == f => Fault {
+                    node: *member,
+                    ..f.clone()
+                },
+                _ => f.clone(),
+            };
             self.end(world, f);
-            world.record(Happening::FaultEnd(f.clone()));
+            world.record(Happening::FaultEnd(recorded));
         }
     }
 
@@ -321,16 +341,8 @@ impl Driver {
             | FaultKind::MemberStall
             | FaultKind::MemberSlow
             | FaultKind::LeaderStall => {
-                // Member crashes, isolations, stalls and slowness hit a follower (the next
-                // member when the drawn one leads); a leader's loss is the leader crash's
-                // and the leader stall's.
-                let Some(leader) = w.leader() else {
+                let Some(member) = member_hit(w, f) else {
                     return;
-                };
-                let member = match f.kind {
-                    FaultKind::LeaderCrash | FaultKind::LeaderStall => leader,
-                    _ if n % w.members() == leader => (leader + 1) % w.members(),
-                    _ => n % w.members(),
                 };
                 match f.kind {
                     FaultKind::MemberIsolation => w.member_isolated(Some(member)),
@@ -420,18 +432,48 @@ impl Driver {
     }
 }
 
+/// The member a member fault hits, if it is one and there is a leader: member crashes,
+/// isolations, stalls and slowness hit a follower (the next member when the drawn one leads);
+/// a leader's loss is the leader crash's and the leader stall's.
+fn member_hit(w: &mut impl World, f: &Fault) -> Option<usize> {
+    let member_fault = matches!(
+        f.kind,
+        FaultKind::MemberCrash
+            | FaultKind::MemberIsolation
+            | FaultKind::LeaderCrash
+            | FaultKind::MemberStall
+            | FaultKind::MemberSlow
+            | FaultKind::LeaderStall
+    );
+    if !member_fault {
+        return None;
+    }
+    let leader = w.leader()?;
+    Some(match f.kind {
+        FaultKind::LeaderCrash | FaultKind::LeaderStall => leader,
+        _ if f.node % w.members() == leader => (leader + 1) % w.members(),
+        _ => f.node % w.members(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A world that keeps the reply latency of each node's link and what it recorded, has
-    /// no node running (nothing to restart), and ignores the rest.
+    /// A world that keeps the reply latency of each node's link, what it recorded and which
+    /// members it stalled, has no node running (nothing to restart), member 0 as its leader
+    /// of `members` (one unless set), and ignores the rest.
     #[derive(Default)]
-    struct Replies(BTreeMap<usize, Duration>, Vec<Happening>);
+    struct Replies {
+        latency: BTreeMap<usize, Duration>,
+        recorded: Vec<Happening>,
+        members: usize,
+        stalled: Vec<(usize, bool)>,
+    }
 
     impl World for Replies {
         fn record(&mut self, what: Happening) {
-            self.1.push(what);
+            self.recorded.push(what);
         }
         fn partition(&mut self, _: usize, _: bool) {}
         fn partition_oneway(&mut self, _: usize, _: bool) {}
@@ -439,7 +481,7 @@ mod tests {
         fn pause(&mut self, _: usize, _: bool) {}
         fn latency(&mut self, _: usize, _: Duration) {}
         fn reply_latency(&mut self, node: usize, extra: Duration) {
-            self.0.insert(node, extra);
+            self.latency.insert(node, extra);
         }
         fn lose_replies(&mut self, _: usize, _: u32) {}
         fn close_streams(&mut self) {}
@@ -456,11 +498,13 @@ mod tests {
             true
         }
         fn members(&self) -> usize {
-            1
+            self.members.max(1)
         }
         fn member_down(&mut self, _: usize, _: bool) {}
         fn member_isolated(&mut self, _: Option<usize>) {}
-        fn member_stalled(&mut self, _: usize, _: bool) {}
+        fn member_stalled(&mut self, member: usize, stalled: bool) {
+            self.stalled.push((member, stalled));
+        }
         fn member_slowed(&mut self, _: usize, _: Duration) {}
         fn leader(&mut self) -> Option<usize> {
             Some(0)
@@ -492,7 +536,7 @@ mod tests {
         let mut seen = Vec::new();
         for action in actions(&[long, short], |_| true) {
             driver.apply(&mut world, &action);
-            seen.push((action.at.as_secs(), world.0[&3].as_millis()));
+            seen.push((action.at.as_secs(), world.latency[&3].as_millis()));
         }
         assert_eq!(seen, [(100, 511), (101, 1470), (105, 511), (120, 0)]);
     }
@@ -512,6 +556,39 @@ mod tests {
         for action in actions(&[restart], |_| true) {
             driver.apply(&mut world, &action);
         }
-        assert_eq!(world.1, []);
+        assert_eq!(world.recorded, []);
+    }
+
+    /// A member stall drawn on the leader stalls the next member, and the history names the
+    /// member it stalled, at its start and at its end: a timeline that named the one drawn
+    /// showed a fault on a member it never touched.
+    #[test]
+    fn a_member_fault_is_recorded_on_the_member_it_hit() {
+        let stall = Fault {
+            at: Duration::from_secs(10),
+            kind: FaultKind::MemberStall,
+            node: 3,
+            length: Duration::from_secs(2),
+            pick: 0,
+        };
+        let mut world = Replies {
+            members: 3,
+            ..Replies::default()
+        };
+        let mut driver = Driver::default();
+        for action in actions(&[stall], |_| true) {
+            driver.apply(&mut world, &action);
+        }
+        // Drawn 3, member 0 of 3, the leader: member 1 is stalled instead.
+        assert_eq!(world.stalled, [(1, true), (1, false)]);
+        let named: Vec<usize> = world
+            .recorded
+            .iter()
+            .filter_map(|h| match h {
+                Happening::FaultStart(f) | Happening::FaultEnd(f) => Some(f.node),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(named, [1, 1]);
     }
 }

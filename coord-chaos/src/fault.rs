@@ -255,7 +255,9 @@ pub struct Fault {
     pub at: Duration,
     /// What it is.
     pub kind: FaultKind,
-    /// The node it hits (ignored by store-wide kinds); for a member fault, the member.
+    /// The node it hits (ignored by store-wide kinds); for a member fault, the member: drawn
+    /// in a schedule, and in a history the member it hit (a follower's fault drawn on the
+    /// leader hits the next member).
     pub node: usize,
     /// How long it lasts (lasting kinds); for lost replies, how many (in milliseconds).
     pub length: Duration,
