@@ -118,6 +118,11 @@ pub(crate) struct Figures {
     /// A write sent to a stalled follower right after the stall, which lasts [`STALL`]: when
     /// it is answered, from its send.
     pub(crate) stalled_write: Outcome,
+    /// A write sent to a stalled follower and given up by its client half a second on (the
+    /// request cancelled, its connection kept): whether it was applied after the thaw.
+    pub(crate) stalled_write_cancelled: bool,
+    /// The same, with the client's connection closed too before the thaw.
+    pub(crate) stalled_write_closed: bool,
     /// With the raft leader stalled, a write on a follower sent four election timeouts later
     /// (a new leader elected meanwhile).
     pub(crate) stalled_leader_write_elsewhere: Outcome,
@@ -191,6 +196,14 @@ impl Figures {
             (
                 "stalled follower: write sent at the stall (thawed 2 s on)",
                 self.stalled_write.row(),
+            ),
+            (
+                "stalled follower: write given up (cancelled) before the thaw, applied after it",
+                format!("{}", self.stalled_write_cancelled),
+            ),
+            (
+                "stalled follower: write given up and its connection closed before the thaw, applied after it",
+                format!("{}", self.stalled_write_closed),
             ),
             (
                 "stalled leader: write on a follower, 4 election timeouts on",
@@ -483,6 +496,10 @@ pub(crate) async fn probe(m: &dyn Members) -> Figures {
     get(&mut on_f, "probe/warm")
         .await
         .expect("a read before the stall");
+    let (mut cancelling, mut closing) = (connected(m, f, true).await, connected(m, f, true).await);
+    for c in [&mut cancelling, &mut closing] {
+        get(c, "probe/warm").await.expect("a read before the stall");
+    }
     m.stall(f).await;
     let stalled = Instant::now();
     let (mut asked, mut written) = (on_f.clone(), on_f.clone());
@@ -499,11 +516,34 @@ pub(crate) async fn probe(m: &dyn Members) -> Figures {
         }
     });
     let write = tokio::spawn(async move { timed(put(&mut written, "probe/stalled")).await });
+    // Two writes given up by their clients half a second in, while the member is stalled:
+    // one on a connection that stays, one whose connection closes too.
+    let given_up = |mut c: Client, key: &'static str| async move {
+        let _ = tokio::time::timeout(Duration::from_millis(500), put(&mut c, key)).await;
+        c
+    };
+    let (cancelled, closed) = tokio::join!(
+        given_up(cancelling, "probe/stalled-cancelled"),
+        given_up(closing, "probe/stalled-closed"),
+    );
+    drop(closed);
     tokio::time::sleep(STALL.saturating_sub(stalled.elapsed())).await;
     m.thaw(f).await;
     let stalled_status = status.await.expect("the probe's task");
     let stalled_write = write.await.expect("the probe's task");
     settle().await;
+    drop(cancelled);
+    let reader = connected(m, m.leader().await, true).await;
+    let applied = |key: &'static str| {
+        let mut reader = reader.clone();
+        async move {
+            let r = reader.get(key, None).await.expect("a read on the leader");
+            !r.kvs().is_empty()
+        }
+    };
+    let stalled_write_cancelled = applied("probe/stalled-cancelled").await;
+    let stalled_write_closed = applied("probe/stalled-closed").await;
+    drop(reader);
 
     // The raft leader stalled: the others elect another and serve writes.
     let leader = m.leader().await;
@@ -533,6 +573,8 @@ pub(crate) async fn probe(m: &dyn Members) -> Figures {
         lease_after_transfer,
         stalled_status,
         stalled_write,
+        stalled_write_cancelled,
+        stalled_write_closed,
         stalled_leader_write_elsewhere,
     }
 }
