@@ -296,7 +296,7 @@ impl SimStore {
     /// Ends [`hold_sent`](Self::hold_sent): the calls it held land now, in the order they
     /// reached the store. Returns how many it held (none: the hold changed nothing).
     pub fn release_sent(&self) -> usize {
-        let now = coord_api::hooks::clock::now();
+        let now = self.shared.now();
         let held = self.link.release_sent();
         let count = held.len();
         for land in held {
@@ -326,6 +326,7 @@ impl SimStore {
         self.shared.stream_epoch.fetch_add(1, Ordering::SeqCst);
         let mut inner = self.shared.lock();
         let sinks = std::mem::take(&mut inner.sinks);
+        let now = self.shared.now();
         for (id, mut sink) in sinks {
             inner.state.cancel_watch(id);
             // After what is already on its way, as a connection's end comes after the bytes
@@ -336,6 +337,7 @@ impl SimStore {
                     stream: "watch",
                     source: Some("the simulator closed every stream".into()),
                 }),
+                now,
             );
         }
     }

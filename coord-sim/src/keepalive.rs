@@ -223,7 +223,7 @@ impl KeepAlive for SimKeepAlive {
                 source: Some("the simulated stream was closed".into()),
             });
         }
-        let sent = coord_api::hooks::clock::now();
+        let sent = store.shared.now();
         let number = {
             let mut state = self.channel.lock();
             state.number += 1;
@@ -245,7 +245,8 @@ impl KeepAlive for SimKeepAlive {
                 let channel = self.channel.clone();
                 tokio::spawn(async move {
                     let leg = channel.client.link.request(latency).await;
-                    channel.landed(number, leg, Instant::now());
+                    let now = channel.client.shared.now();
+                    channel.landed(number, leg, now);
                 });
             }
         }

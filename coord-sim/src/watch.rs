@@ -143,7 +143,7 @@ pub(crate) fn watch_stream(
                         let on_its_way = inner
                             .sinks
                             .get(&guard.id)
-                            .is_none_or(|sink| sink.in_flight(Instant::now()));
+                            .is_none_or(|sink| sink.in_flight(shared.now()));
                         (mail.is_empty() && !on_its_way).then(|| inner.state.revision())
                     };
                     if let Some(revision) = revision {

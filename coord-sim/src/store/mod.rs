@@ -151,7 +151,7 @@ impl SimStore {
         kind: Call,
         apply: impl FnOnce(&SimStore) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let sent = coord_api::hooks::clock::now();
+        let sent = self.shared.now();
         let seq = self.link.send();
         if kind == Call::Write {
             self.link.write_sent();
@@ -181,9 +181,10 @@ impl SimStore {
             None => {
                 let link = self.link.clone();
                 let latency = self.shared.config.latency;
+                let shared = self.shared.clone();
                 tokio::spawn(async move {
                     link.request(latency).await;
-                    arrive(Instant::now());
+                    arrive(shared.now());
                 });
             }
         }
@@ -216,7 +217,7 @@ impl SimStore {
         // Boxed: a future is as large as its largest state, and a timer made every call's
         // future hundreds of bytes larger, written afresh a thousand times a simulated second.
         Box::pin(tokio::time::sleep_until(
-            sent + self.shared.config.request_timeout,
+            self.shared.local(sent + self.shared.config.request_timeout),
         ))
         .await;
         let write = kind == Call::Write;
@@ -395,15 +396,15 @@ mod tests {
         let arrivals = Arrivals::default();
         let response = |r: i64| Ok(WatchResponse::progress_answer(Revision(r)));
         link.set_reply_latency(Duration::from_millis(500));
-        assert!(sink.send(&arrivals, response(1)));
+        assert!(sink.send(&arrivals, response(1), Instant::now()));
         link.set_reply_latency(Duration::ZERO);
         tokio::time::advance(Duration::from_millis(500)).await;
         // The first is due now and, with no landing task here, has not landed.
-        assert!(sink.send(&arrivals, response(2)));
+        assert!(sink.send(&arrivals, response(2), Instant::now()));
         assert!(mail.is_empty(), "the second overtook the first");
         // Once nothing is on its way, a delivery with no latency goes straight in.
         tokio::time::advance(Duration::from_millis(1)).await;
-        assert!(sink.send(&arrivals, response(3)));
+        assert!(sink.send(&arrivals, response(3), Instant::now()));
         assert!(!mail.is_empty());
     }
 }

@@ -20,16 +20,17 @@ pub(crate) struct Sink {
 }
 
 impl Sink {
-    /// Sends `item` on its way; false when the stream is gone.
+    /// Sends `item` on its way, `now` by the store's clock ([`Shared::now`]); false when
+    /// the stream is gone.
     pub(crate) fn send(
         &mut self,
         arrivals: &crate::arrivals::Arrivals,
         item: Result<WatchResponse>,
+        now: Instant,
     ) -> bool {
         if self.tx.is_closed() {
             return false;
         }
-        let now = coord_api::hooks::clock::now();
         let at = now + self.latency + self.link.reply_latency();
         let at = self.last.map_or(at, |last| last.max(at));
         // Straight into the mailbox only when nothing sent before may still be on its way:
@@ -143,7 +144,12 @@ pub(crate) struct Shared {
 impl Shared {
     /// The store's clock. Each turmoil host runs its own runtime, whose `Instant`s start from
     /// a base of their own, so a store served from several hosts counts on one of them: the
-    /// origin's host's, as simulated time since the start (the same on every host).
+    /// origin's host's, as simulated time since the start (the same on every host). Whatever
+    /// the store queues or compares (a request's arrival, a reply's, a delivery's) is stamped
+    /// by it, on whichever host the caller runs: a host's own reading differs from it by the
+    /// real time between the two runtimes' starts, which a loaded machine stretches to
+    /// milliseconds, and a seed replayed in one process then parted from its first run
+    /// (`a_turmoil_seed_replays_exactly`, seed 77: three grants landed 7 ms later).
     pub(crate) fn now(&self) -> Instant {
         // The flag first: every call reads the clock, and only a store served from several
         // turmoil hosts has an origin to lock and read.
@@ -156,6 +162,16 @@ impl Shared {
             }
         }
         coord_api::hooks::clock::now()
+    }
+
+    /// `at`, by the store's clock, on the calling host's runtime clock: for a timer there.
+    pub(crate) fn local(&self, at: Instant) -> Instant {
+        let (store, host) = (self.now(), coord_api::hooks::clock::now());
+        if at >= store {
+            host + (at - store)
+        } else {
+            host - (store - at)
+        }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -194,10 +210,11 @@ impl Shared {
     pub(super) fn deliver(&self, inner: &mut Inner) {
         let spare = std::mem::take(&mut inner.spare_outbox);
         let mut outbox = inner.state.swap_outbox(spare);
+        let now = self.now();
         for d in outbox.drain(..) {
             let end = d.item.is_err();
             let gone = match inner.sinks.get_mut(&d.watch) {
-                Some(sink) => !sink.send(&self.arrivals, d.item),
+                Some(sink) => !sink.send(&self.arrivals, d.item, now),
                 None => true,
             };
             if end || gone {
