@@ -53,7 +53,8 @@ impl PostgresConfig {
         self
     }
 
-    /// At most this many connections for requests (watches share them); 16 by default.
+    /// At most this many connections for requests (watches share them); 16 by default. Lease
+    /// renewals have two more of their own, so that no burst of requests delays them.
     pub fn with_pool_size(mut self, size: usize) -> Self {
         self.pool_size = size.max(1);
         self

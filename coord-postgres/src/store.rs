@@ -35,6 +35,8 @@ pub struct PostgresStore {
 
 struct Inner {
     pool: Pool,
+    /// Connections for lease renewals alone ([`RENEWAL_CONNECTIONS`]).
+    renewals: Pool,
     config: PostgresConfig,
     known: watch::Receiver<i64>,
     _tasks: DropGuard,
@@ -47,6 +49,12 @@ impl fmt::Debug for PostgresStore {
             .finish_non_exhaustive()
     }
 }
+
+/// Connections kept for lease renewals, apart from the pool requests share: a renewal that
+/// waited its turn behind a burst of requests came too late (200 writers at once on a pool of
+/// 16, the machine busy: every session ended). Two, so that one frozen connection does not
+/// hold every renewal until the request timeout.
+const RENEWAL_CONNECTIONS: usize = 2;
 
 /// The longest a client may leave its transaction idle, holding the writers' lock, before
 /// the server ends its session (`idle_in_transaction_session_timeout`).
@@ -117,19 +125,23 @@ impl PostgresStore {
                 schema::VERSION
             )));
         }
-        let manager = connector.manager(
-            pg.clone(),
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(config.pool_size)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(config.request_timeout))
-            .create_timeout(Some(config.request_timeout))
-            .build()
-            .map_err(|e| Error::invalid(format!("PostgreSQL pool: {e}")))?;
+        let pool_of = |size: usize| {
+            let manager = connector.manager(
+                pg.clone(),
+                ManagerConfig {
+                    recycling_method: RecyclingMethod::Fast,
+                },
+            );
+            Pool::builder(manager)
+                .max_size(size)
+                .runtime(Runtime::Tokio1)
+                .wait_timeout(Some(config.request_timeout))
+                .create_timeout(Some(config.request_timeout))
+                .build()
+                .map_err(|e| Error::invalid(format!("PostgreSQL pool: {e}")))
+        };
+        let pool = pool_of(config.pool_size)?;
+        let renewals = pool_of(RENEWAL_CONNECTIONS)?;
         let stop = CancellationToken::new();
         let (known_tx, known) = watch::channel(0);
         tokio::spawn(crate::watch::listen(
@@ -145,6 +157,7 @@ impl PostgresStore {
         Ok(PostgresStore {
             inner: Arc::new(Inner {
                 pool,
+                renewals,
                 config,
                 known,
                 _tasks: stop.drop_guard(),
@@ -180,10 +193,15 @@ impl PostgresStore {
 
     pub(crate) async fn renew(&self, lease: LeaseId) -> Result<Duration> {
         // A renewal whose answer is lost is reported as not done: the caller keeps the
-        // deadline of its last answered renewal, the safe side.
-        self.single("keep_alive", Stage::Before, move |c| {
-            Box::pin(async move { lease::renew(c, lease).await })
-        })
+        // deadline of its last answered renewal, the safe side. On connections of its own:
+        // never behind the requests (see `RENEWAL_CONNECTIONS`).
+        conn::single(
+            &self.inner.renewals,
+            self.deadline(),
+            "keep_alive",
+            Stage::Before,
+            move |c| Box::pin(async move { lease::renew(c, lease).await }),
+        )
         .await
     }
 }
