@@ -240,14 +240,8 @@ impl Driver {
             }
             // Recorded before it acts, so that what it causes comes after it in the history;
             // a member fault names the member it hits, which may not be the one drawn.
-            let recorded = match member_hit(world, f) {
-                Some(member) => Fault {
-                    node: member,
-                    ..f.clone()
-                },
-                None => f.clone(),
-            };
-            world.record(Happening::FaultStart(recorded));
+            let member = member_hit(world, f);
+            world.record(Happening::FaultStart(on_member(f, member)));
             self.begin(world, f);
             if f.kind.lasts() {
                 self.acting.insert(f.clone());
@@ -257,13 +251,12 @@ impl Driver {
             world.hold_first_writer(f, false);
         } else if self.acting.remove(f) {
             // Named as its start was: a member fault by the member it hit.
-            let recorded = match &self.member_fault {
-                Some((g, member)) if g == f => Fault {
-                    node: *member,
-                    ..f.clone()
-                },
-                _ => f.clone(),
-            };
+            let member = self
+                .member_fault
+                .as_ref()
+                .filter(|(g, _)| g == f)
+                .map(|(_, m)| *m);
+            let recorded = on_member(f, member);
             self.end(world, f);
             world.record(Happening::FaultEnd(recorded));
         }
@@ -436,16 +429,8 @@ impl Driver {
 /// isolations, stalls and slowness hit a follower (the next member when the drawn one leads);
 /// a leader's loss is the leader crash's and the leader stall's.
 fn member_hit(w: &mut impl World, f: &Fault) -> Option<usize> {
-    let member_fault = matches!(
-        f.kind,
-        FaultKind::MemberCrash
-            | FaultKind::MemberIsolation
-            | FaultKind::LeaderCrash
-            | FaultKind::MemberStall
-            | FaultKind::MemberSlow
-            | FaultKind::LeaderStall
-    );
-    if !member_fault {
+    // A transfer names the member it moves to; it hits none.
+    if !f.kind.needs_members() || f.kind == FaultKind::LeaderTransfer {
         return None;
     }
     let leader = w.leader()?;
@@ -454,6 +439,14 @@ fn member_hit(w: &mut impl World, f: &Fault) -> Option<usize> {
         _ if f.node % w.members() == leader => (leader + 1) % w.members(),
         _ => f.node % w.members(),
     })
+}
+
+/// `f` as the history records it: on `member`, the member it hit, if it hit one.
+fn on_member(f: &Fault, member: Option<usize>) -> Fault {
+    Fault {
+        node: member.unwrap_or(f.node),
+        ..f.clone()
+    }
 }
 
 #[cfg(test)]
