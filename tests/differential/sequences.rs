@@ -242,6 +242,11 @@ struct Watching {
     target: Target,
     stream: WatchStream,
     read: Vec<coord_api::Result<WatchResponse>>,
+    /// The latest revision (absolute) when the watch was opened: events up to it are history
+    /// the watch catches up on.
+    opened_at: i64,
+    /// How many of the side's compactions came before the watch was opened.
+    compacted_before: usize,
 }
 
 /// One side's run of a sequence.
@@ -608,6 +613,8 @@ impl Exec<'_> {
                             target: *target,
                             stream,
                             read: Vec::new(),
+                            opened_at: self.latest,
+                            compacted_before: self.compactions.len(),
                         });
                         Outcome::Done
                     }
@@ -684,6 +691,8 @@ impl Exec<'_> {
         };
         let mut out = Vec::new();
         for w in std::mem::take(&mut self.watches) {
+            let raced =
+                |e: &Event| raced_prev(e, w.opened_at, &self.compactions[w.compacted_before..]);
             let mut w = futures::stream::iter(w.read).chain(w.stream);
             let mut events: Vec<Event> = Vec::new();
             let mut end = None;
@@ -725,7 +734,10 @@ impl Exec<'_> {
                         (
                             e.kind,
                             self.nkv(&e.kv),
-                            e.prev_kv.as_ref().map(|kv| self.nkv(kv)),
+                            e.prev_kv
+                                .as_ref()
+                                .filter(|_| !raced(e))
+                                .map(|kv| self.nkv(kv)),
                         )
                     })
                     .collect(),
@@ -767,6 +779,18 @@ async fn run_sequence(store: &dyn KvLeaseStore, prefix: String, ops: &[Op]) -> V
     out.extend(exec.drain_watches().await);
     exec.cleanup().await;
     out
+}
+
+/// True when `e`'s previous value may or may not come with it, by timing alone.
+///
+/// A watch opened in the past catches up later (etcd: from a loop every 100 ms; PostgreSQL:
+/// when the stream is first read), and each event's previous value is looked up then, at
+/// `mod_revision - 1`. A compaction issued after the watch was opened, at or above an event
+/// of its history, makes that lookup fail if it lands first: the event then comes without
+/// its previous value. Either is etcd's behaviour, so neither side's is compared.
+fn raced_prev(e: &Event, opened_at: i64, later_compactions: &[Revision]) -> bool {
+    let rev = e.kv.mod_revision.get();
+    rev <= opened_at && later_compactions.iter().any(|c| rev <= c.get())
 }
 
 /// How a watch ended, in terms both sides share.
