@@ -11,6 +11,11 @@
 //!   its key is gone; only a campaign write held in flight during the stop (the recipe case
 //!   `in_flight::a_candidate_stop_outlasts_its_held_campaign_write`, on the simulator) lands
 //!   after the background withdrawal and leaves the key standing.
+//! - `unknown-write-not-fenced` lets a session's candidate write whose outcome is unknown
+//!   land after the withdrawal that followed it; only a write its client gave up on while it
+//!   was held, released after `leave()` (the recipe case
+//!   `in_flight::a_leave_outlasts_a_campaign_write_of_unknown_outcome`, on the simulator),
+//!   brings the key back every time. Over turmoil, a stalled member does it now and then.
 //! - `candidate-rest-forgets-its-key` lets a candidate stopped between terms return `Ok`
 //!   with a key its failed resignation left; the chaos nodes meet that rarely (9 of 10,000
 //!   seeds when first seen), the recipe case
@@ -91,6 +96,16 @@ fn candidate_stop_in_flight() -> bool {
     .is_ok()
 }
 
+fn unknown_outcome() -> bool {
+    use coord_api::testkit::recipes::in_flight;
+    catch_unwind(AssertUnwindSafe(|| {
+        sim_fixture::run(|fx| {
+            Box::pin(in_flight::a_leave_outlasts_a_campaign_write_of_unknown_outcome(fx))
+        })
+    }))
+    .is_ok()
+}
+
 fn candidate_stop_resting() -> bool {
     use coord_api::testkit::recipes::candidate;
     catch_unwind(AssertUnwindSafe(|| {
@@ -135,7 +150,7 @@ type Hunt = (Bug, &'static str, fn() -> bool);
 
 #[test]
 fn each_planted_bug_is_caught_by_its_suite() {
-    let hunts: [Hunt; 7] = [
+    let hunts: [Hunt; 8] = [
         (
             Bug::FailoverStaysOnNoLeader,
             "the bare-request case",
@@ -150,6 +165,11 @@ fn each_planted_bug_is_caught_by_its_suite() {
             Bug::CandidateStopLeavesItsQueuedKey,
             "the recipe case holding a candidate's campaign write in flight during its stop",
             candidate_stop_in_flight,
+        ),
+        (
+            Bug::UnknownWriteNotFenced,
+            "the recipe case whose campaign write is given up on while held",
+            unknown_outcome,
         ),
         (
             Bug::CandidateRestForgetsItsKey,

@@ -39,7 +39,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use tracing::Instrument;
 
 use crate::error::{Error, ErrorClass, Result};
 use crate::leader_key::LeaderKey;
@@ -53,6 +52,9 @@ use crate::validate;
 use follow::{Change, Follow};
 
 pub(crate) mod follow;
+pub(crate) mod limbo;
+
+pub(crate) use limbo::Fencing;
 
 fn prefix_of(name: &str) -> String {
     format!("{name}/")
@@ -91,7 +93,11 @@ pub async fn campaign<S: KvLeaseStore + ?Sized>(
 
 /// A session's turn to campaign (or withdraw) in one election: see `SessionHandle`'s
 /// `campaign_turn`.
-pub(crate) type Turn = tokio::sync::OwnedMutexGuard<()>;
+/// It carries the versions the session's fences in the election stand at (see [`limbo`]).
+pub(crate) type Turn = tokio::sync::OwnedMutexGuard<limbo::Fences>;
+
+/// A session's turn in one election, with what fencing its writes there takes.
+pub(crate) type FencedTurn = (Turn, Fencing);
 
 /// The campaign algorithm; see [`KvLeaseStore::campaign`]. With `seats` above one it is a
 /// semaphore's: the key wins once fewer than `seats` keys are older than it.
@@ -107,7 +113,7 @@ pub(crate) async fn campaign_with<S: KvLeaseStore + ?Sized>(
     lease: LeaseId,
     cleanup: Cleanup,
     seats: usize,
-    turn: Option<Turn>,
+    turn: Option<FencedTurn>,
 ) -> Result<(LeaderKey, Option<Turn>)> {
     validate::election_name(name)?;
     let key = candidate_key(name, lease);
@@ -178,30 +184,16 @@ pub(crate) async fn campaign_with<S: KvLeaseStore + ?Sized>(
 
 /// Runs `txn` as a task of its own that owns `turn` until the store answers, so that
 /// dropping the caller does not release the turn while the write may still land.
+///
+/// With a turn, the write is a session's candidate write, fenced (see [`limbo::write`]).
 pub(crate) async fn settled(
     store: Arc<DynKvLeaseStore>,
     txn: TxnRequest,
-    turn: Option<Turn>,
+    turn: Option<FencedTurn>,
 ) -> (Result<crate::txn::TxnResponse>, Option<Turn>) {
-    let Some(turn) = turn else {
-        return (store.txn(txn).await, None);
-    };
-    let write = tokio::spawn(
-        async move {
-            let r = store.txn(txn).await;
-            (r, turn)
-        }
-        .in_current_span(),
-    );
-    match write.await {
-        Ok((r, turn)) => (r, Some(turn)),
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(_) => (
-            Err(Error::Cancelled {
-                operation: "campaign",
-            }),
-            None,
-        ),
+    match turn {
+        Some((turn, fencing)) => limbo::write(store, txn, turn, fencing).await,
+        None => (store.txn(txn).await, None),
     }
 }
 
@@ -494,21 +486,22 @@ pub(crate) async fn withdraw<S: KvLeaseStore + ?Sized>(
     store: &S,
     leader: &LeaderKey,
 ) -> Result<()> {
-    if !leader.token.is_zero() {
-        return resign(store, leader).await;
-    }
-    store
-        .txn(
-            TxnRequest::new()
-                .when([Compare::lease(
-                    leader.key.to_vec(),
-                    CompareOp::Equal,
-                    leader.lease,
-                )])
-                .and_then([DeleteRequest::key(leader.key.to_vec())]),
-        )
-        .await?;
+    store.txn(withdrawal(leader)).await?;
     Ok(())
+}
+
+/// The transaction of [`withdraw`].
+pub(crate) fn withdrawal(leader: &LeaderKey) -> TxnRequest {
+    if !leader.token.is_zero() {
+        return resignation(leader);
+    }
+    TxnRequest::new()
+        .when([Compare::lease(
+            leader.key.to_vec(),
+            CompareOp::Equal,
+            leader.lease,
+        )])
+        .and_then([DeleteRequest::key(leader.key.to_vec())])
 }
 
 /// [`KvLeaseStore::proclaim`] on `store`'s primitives: a put conditional on the key's create
@@ -541,16 +534,16 @@ pub async fn proclaim<S: KvLeaseStore + ?Sized>(
 /// # Errors
 /// The store's own errors (a key already gone is success).
 pub async fn resign<S: KvLeaseStore + ?Sized>(store: &S, leader: &LeaderKey) -> Result<()> {
-    // Conditional on the create revision: a retried or late resign must never delete a newer
-    // incarnation of the key (etcd#22082).
-    store
-        .txn(
-            TxnRequest::new()
-                .when([leader.is_current()])
-                .and_then([DeleteRequest::key(leader.key.to_vec())]),
-        )
-        .await?;
+    store.txn(resignation(leader)).await?;
     Ok(())
+}
+
+/// The transaction of [`resign`]: conditional on the create revision, so that a retried or
+/// late resign never deletes a newer incarnation of the key (etcd#22082).
+pub(crate) fn resignation(leader: &LeaderKey) -> TxnRequest {
+    TxnRequest::new()
+        .when([leader.is_current()])
+        .and_then([DeleteRequest::key(leader.key.to_vec())])
 }
 
 /// The read of an election's oldest candidate (its leader), as etcd's Go client makes it

@@ -140,11 +140,18 @@ pub enum Bug {
     /// it, reports the compare failed (or writes twice). Caught by coord-tests' held-commit
     /// case (`planted_suites`).
     PostgresRetriesUnknownCommit,
+    /// A session's write of its candidate key whose outcome is unknown is not fenced before
+    /// its turn passes on: a campaign's write held by a stalled member applies after the
+    /// withdrawal that followed it (the key stands again, a candidate nobody runs), a
+    /// resignation after a newer campaign took the key over (the session deposes itself).
+    /// Caught by the recipe cases that hold such a write past the point its client gives up
+    /// (coord-tests' `planted_suites`), and by L7 and S9 over turmoil now and then.
+    UnknownWriteNotFenced,
 }
 
 impl Bug {
     /// Every planted bug.
-    pub const ALL: [Bug; 31] = [
+    pub const ALL: [Bug; 32] = [
         Bug::CampaignSkipsOwnKeyCheck,
         Bug::WatcherResumesFromNow,
         Bug::WatcherIgnoresCompaction,
@@ -176,6 +183,7 @@ impl Bug {
         Bug::PostgresWatchFedByNotifications,
         Bug::PostgresRetriesUnknownCommit,
         Bug::WatcherBackoffNeverResets,
+        Bug::UnknownWriteNotFenced,
     ];
 
     /// A stable name for command lines and reports.
@@ -212,6 +220,7 @@ impl Bug {
             Bug::PostgresRevisionFromSequence => "postgres-revision-from-a-sequence",
             Bug::PostgresWatchFedByNotifications => "postgres-watch-fed-by-notifications",
             Bug::PostgresRetriesUnknownCommit => "postgres-retries-an-unknown-commit",
+            Bug::UnknownWriteNotFenced => "unknown-write-not-fenced",
         }
     }
 

@@ -9,13 +9,16 @@
 
 use std::sync::{Arc, Mutex};
 
+use crate::elections::limbo::Fences;
 use crate::sync::Stop;
 
 /// One key's turn; see the module docs.
 #[derive(Debug, Default)]
 pub(crate) struct KeyTurn {
-    /// Held by each write and each clean-up attempt.
-    pub(crate) turn: Arc<tokio::sync::Mutex<()>>,
+    /// Held by each write and each clean-up attempt. It carries the versions the key's
+    /// fences stand at (see `crate::elections::limbo`), which only the holder reads or
+    /// changes.
+    pub(crate) turn: Arc<tokio::sync::Mutex<Fences>>,
     /// The signal of the clean-up still pending, if any.
     pending: Mutex<Option<Stop>>,
 }

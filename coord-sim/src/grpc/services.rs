@@ -110,6 +110,18 @@ impl EtcdService {
         }
     }
 
+    /// Admits a write and applies it: see [`Gate::write`]; a lone store applies at once.
+    async fn write<T: Send + 'static>(
+        &self,
+        require_leader: bool,
+        apply: impl std::future::Future<Output = Result<T, Status>> + Send + 'static,
+    ) -> Result<T, Status> {
+        match &self.gate {
+            Some(g) => g.write(require_leader, apply).await,
+            None => apply.await,
+        }
+    }
+
     /// The store client for a request's peer.
     fn client<T>(&self, request: &Request<T>) -> SimStore {
         request
@@ -238,9 +250,13 @@ impl PbKvService for EtcdService {
 
     async fn put(&self, request: Request<PbPutRequest>) -> Reply<PbPutResponse> {
         let store = self.client(&request);
-        self.admit(requires_leader(&request), Call::Write).await?;
+        let require_leader = requires_leader(&request);
         let req = convert::put(request.into_inner())?;
-        let r = store.put(req).await.map_err(status)?;
+        let r = self
+            .write(require_leader, async move {
+                store.put(req).await.map_err(status)
+            })
+            .await?;
         let mut resp = convert::put_response(r);
         in_term(&mut resp.header, self.gate.as_ref());
         Ok(Response::new(resp))
@@ -248,9 +264,13 @@ impl PbKvService for EtcdService {
 
     async fn delete_range(&self, request: Request<PbDeleteRequest>) -> Reply<PbDeleteResponse> {
         let store = self.client(&request);
-        self.admit(requires_leader(&request), Call::Write).await?;
+        let require_leader = requires_leader(&request);
         let req = convert::delete(request.into_inner())?;
-        let r = store.delete(req).await.map_err(status)?;
+        let r = self
+            .write(require_leader, async move {
+                store.delete(req).await.map_err(status)
+            })
+            .await?;
         let mut resp = convert::delete_response(r);
         in_term(&mut resp.header, self.gate.as_ref());
         Ok(Response::new(resp))
@@ -263,9 +283,15 @@ impl PbKvService for EtcdService {
         } else {
             Call::Write
         };
-        self.admit(requires_leader(&request), call).await?;
+        let require_leader = requires_leader(&request);
         let req = convert::txn(request.into_inner())?;
-        let r = store.txn(req).await.map_err(status)?;
+        let apply = async move { store.txn(req).await.map_err(status) };
+        let r = if call == Call::Write {
+            self.write(require_leader, apply).await?
+        } else {
+            self.admit(require_leader, call).await?;
+            apply.await?
+        };
         let mut resp = convert::txn_response(r);
         in_term(&mut resp.header, self.gate.as_ref());
         Ok(Response::new(resp))

@@ -220,7 +220,7 @@ pub(super) async fn resign_key(
 ) -> Result<()> {
     let planted =
         crate::hooks::planted::enabled(crate::hooks::planted::Bug::ResignIgnoresNewerCampaign);
-    let Some(_turn) = (if planted {
+    let Some(turn) = (if planted {
         Some(None)
     } else {
         session.resign_turn(&key.name, campaign).await.map(Some)
@@ -228,7 +228,18 @@ pub(super) async fn resign_key(
         tracing::info!(election = %key.name, token = %key.token, "leadership resigned; the key stays with another campaign of the session");
         return Ok(());
     };
-    store.resign(key).await?;
+    match turn {
+        // Fenced, in the turn: a resignation given up on must not land after a newer
+        // campaign of the session took the key over (see `elections::limbo`).
+        Some(turn) => {
+            let fencing = session.fencing(&key.name);
+            let resignation = elections::resignation(key);
+            elections::limbo::write(store.clone(), resignation, turn, fencing)
+                .await
+                .0?;
+        }
+        None => store.resign(key).await?,
+    }
     tracing::info!(election = %key.name, token = %key.token, "leadership resigned");
     Ok(())
 }

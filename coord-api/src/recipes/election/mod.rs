@@ -119,10 +119,10 @@ impl Election {
         // Campaigns on one lease in one election write one key: one at a time.
         let CampaignTurn { turn, campaign, .. } = self.session.campaign_turn(&self.name).await;
         let cleanup = self.session.cleanup(&self.name, campaign);
-        let (won, _turn) = tokio::select! {
+        let (won, mut turn) = tokio::select! {
             biased;
             end = self.session.done() => return Err(self.ended(end)),
-            r = elections::campaign_with(&*self.store, &self.name, value, lease, cleanup, self.seats, Some(turn)) => match r {
+            r = elections::campaign_with(&*self.store, &self.name, value, lease, cleanup, self.seats, Some((turn, self.session.fencing(&self.name)))) => match r {
                 Ok(won) => won,
                 Err(e) => {
                     // A write that may have applied was handed to the cleanup, which gives
@@ -132,7 +132,7 @@ impl Election {
                 }
             },
         };
-        self.runway(&won, campaign).await?;
+        self.runway(&won, campaign, &mut turn).await?;
         crate::hooks::explore::point().await;
         tracing::info!(election = %self.name, token = %won.token, "leadership acquired");
         crate::metrics::record::campaign_won_after(&self.name, begun.elapsed());
@@ -215,7 +215,7 @@ impl Election {
         // so it cannot lose a race with another candidate (go-coord's TryCampaign could, and
         // then blocked).
         // The write owns the turn until it settles, as a campaign's does.
-        let (written, _turn) = elections::settled(
+        let (written, mut turn) = elections::settled(
             self.store.clone(),
             TxnRequest::new()
                 .when([
@@ -229,7 +229,7 @@ impl Election {
                 ])
                 .and_then([PutRequest::new(key.clone(), value.clone()).with_lease(lease)])
                 .or_else([elections::oldest_candidate(&self.name)]),
-            Some(turn),
+            Some((turn, self.session.fencing(&self.name))),
         )
         .await;
         let resp = match written {
@@ -287,7 +287,7 @@ impl Election {
                 }
             }
         };
-        self.won_try(won, campaign, "leadership").await
+        self.won_try(won, campaign, "leadership", &mut turn).await
     }
 
     /// Takes this session's key out of the election, waiting or leading, once any campaign
@@ -301,12 +301,10 @@ impl Election {
     /// # Errors
     /// Whatever the delete fails with; the key then goes with the session's lease.
     pub async fn leave(&self) -> Result<()> {
-        let _turn = self.session.campaign_turn(&self.name).await.turn;
+        let mut turn = Some(self.session.campaign_turn(&self.name).await.turn);
         let key = candidate_key(&self.name, self.session.lease());
-        self.store
-            .delete(crate::request::DeleteRequest::key(key))
-            .await
-            .map(|_| ())
+        let delete = TxnRequest::new().and_then([crate::request::DeleteRequest::key(key)]);
+        self.delete_in_turn(delete, &mut turn).await
     }
 
     /// The current leader's key and value.
@@ -331,14 +329,19 @@ impl Election {
     /// Called in the session's turn, which the campaign holds until it returns: a key it
     /// gives up goes only as [`SessionHandle`]'s rule for campaign `campaign` allows (an
     /// earlier leadership of the session that the campaign rejoined keeps it).
-    async fn runway(&self, won: &LeaderKey, campaign: u64) -> Result<()> {
+    async fn runway(
+        &self,
+        won: &LeaderKey,
+        campaign: u64,
+        turn: &mut Option<elections::Turn>,
+    ) -> Result<()> {
         loop {
             match self.session.fresh(self.session.ttl() / 2).await {
                 Ok(false) => return Ok(()),
                 Ok(true) => match self.still_leads(won).await {
                     Ok(true) => continue,
                     Ok(false) => {
-                        self.give_up(won, campaign).await;
+                        self.give_up(won, campaign, turn).await;
                         return Err(Error::CandidacyLost {
                             election: self.name.clone(),
                             key: String::from_utf8_lossy(&won.key).into_owned(),
@@ -348,12 +351,12 @@ impl Election {
                         });
                     }
                     Err(e) => {
-                        self.give_up(won, campaign).await;
+                        self.give_up(won, campaign, turn).await;
                         return Err(e);
                     }
                 },
                 Err(end) => {
-                    self.give_up(won, campaign).await;
+                    self.give_up(won, campaign, turn).await;
                     return Err(self.ended(end));
                 }
             }
@@ -362,10 +365,27 @@ impl Election {
 
     /// Deletes the key a campaign won and is giving up, unless the session's rule leaves it
     /// to another of its campaigns. In the session's turn.
-    async fn give_up(&self, won: &LeaderKey, campaign: u64) {
+    async fn give_up(&self, won: &LeaderKey, campaign: u64, turn: &mut Option<elections::Turn>) {
         if self.session.may_delete(&self.name, campaign) {
-            let _ = self.store.resign(won).await;
+            let _ = self.delete_in_turn(elections::resignation(won), turn).await;
         }
+    }
+
+    /// Runs `txn`, a delete of this session's key, in the session's `turn`, fenced (see
+    /// `elections::limbo`): given up on, it cannot land after what the turn's next holder
+    /// writes. Without the turn (its write's task was cancelled), sent as it is.
+    async fn delete_in_turn(
+        &self,
+        txn: TxnRequest,
+        turn: &mut Option<elections::Turn>,
+    ) -> Result<()> {
+        let Some(held) = turn.take() else {
+            return self.store.txn(txn).await.map(|_| ());
+        };
+        let fencing = self.session.fencing(&self.name);
+        let (answer, held) = elections::limbo::write(self.store.clone(), txn, held, fencing).await;
+        *turn = held;
+        answer.map(|_| ())
     }
 
     /// Whether `won` still holds a seat (the leadership, with one seat), read from the store.
@@ -405,7 +425,7 @@ impl Election {
                 )
                 .with_limit(self.seats as u64)
         };
-        let (written, _turn) = elections::settled(
+        let (written, mut turn) = elections::settled(
             self.store.clone(),
             TxnRequest::new()
                 .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
@@ -414,7 +434,7 @@ impl Election {
                     TxnOp::Put(PutRequest::new(key.clone(), value.clone()).with_lease(lease)),
                 ])
                 .or_else([oldest()]),
-            Some(turn),
+            Some((turn, self.session.fencing(&self.name))),
         )
         .await;
         let mut won = LeaderKey {
@@ -466,7 +486,10 @@ impl Election {
             won.token = resp.revision;
             if oldest.len() >= self.seats {
                 // Every seat was taken before our key was written: take it back.
-                if let Err(e) = self.store.resign(&won).await {
+                if let Err(e) = self
+                    .delete_in_turn(elections::resignation(&won), &mut turn)
+                    .await
+                {
                     tracing::debug!(election = %self.name, error = &e as &dyn std::error::Error, "could not withdraw a try; withdrawing in the background");
                     self.withdraw(won, campaign);
                 }
@@ -489,7 +512,7 @@ impl Election {
                 }
             }
         }
-        self.won_try(won, campaign, "seat").await
+        self.won_try(won, campaign, "seat", &mut turn).await
     }
 
     /// A try that won (a leadership or a seat): the runway, then the handle.
@@ -498,8 +521,9 @@ impl Election {
         won: LeaderKey,
         campaign: u64,
         what: &'static str,
+        turn: &mut Option<elections::Turn>,
     ) -> Result<Option<Leadership>> {
-        self.runway(&won, campaign).await?;
+        self.runway(&won, campaign, turn).await?;
         tracing::info!(election = %self.name, token = %won.token, what, "acquired by a try");
         Ok(Some(Leadership::new(
             self.store.clone(),

@@ -44,7 +44,7 @@ impl Default for CampaignSlot {
 
 /// A campaign's turn in one election on one lease (see [`SessionHandle::campaign_turn`]).
 pub(crate) struct CampaignTurn {
-    pub(crate) turn: tokio::sync::OwnedMutexGuard<()>,
+    pub(crate) turn: crate::elections::Turn,
     /// The campaign's number in the slot: what its withdrawal or resign is held to.
     pub(crate) campaign: u64,
     /// What the key stood for before this campaign took its turn, for a campaign that ends

@@ -44,7 +44,7 @@ use tracing::Instrument;
 use super::loss::LossReason;
 use super::task::Task;
 use super::turn::KeyTurn;
-use crate::elections::{withdraw, Cleanup};
+use crate::elections::{self, withdrawal, Cleanup};
 use crate::error::{Error, ErrorClass, Result};
 use crate::hooks::clock;
 use crate::retry::{self, Backoff};
@@ -265,6 +265,17 @@ impl SessionHandle {
             .clone()
     }
 
+    /// What fencing this session's candidate writes in election `name` takes (see
+    /// `crate::elections::limbo`): given up once the lease is surely over.
+    pub(crate) fn fencing(&self, name: &str) -> crate::elections::Fencing {
+        let inner = self.inner.clone();
+        crate::elections::Fencing::new(
+            name,
+            self.inner.lease,
+            async move { inner.lease_over().await },
+        )
+    }
+
     /// A campaign's turn in election `name` on this lease: waits for the campaign or
     /// withdrawal attempt in progress, calls off any pending withdrawal of the key, which the
     /// new campaign takes over (it creates the key or rejoins it), and numbers the campaign.
@@ -352,7 +363,7 @@ impl SessionHandle {
         &self,
         name: &str,
         campaign: u64,
-    ) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+    ) -> Option<crate::elections::Turn> {
         let slot = self.slot(name);
         let mut latest = slot.latest.subscribe();
         tokio::select! {
@@ -367,7 +378,7 @@ impl SessionHandle {
     /// lease is (see [`Inner::lease_over`]), unless a newer campaign takes the key over first.
     pub(crate) fn cleanup(&self, name: &str, campaign: u64) -> Cleanup {
         let slot = self.slot(name);
-        let inner = self.inner.clone();
+        let handle = self.clone();
         Cleanup::HandOff(Box::new(move |store, leader| {
             if !slot.may_delete(campaign) {
                 // A newer campaign has the key, or an earlier leadership keeps it: nothing to
@@ -383,7 +394,7 @@ impl SessionHandle {
                 let stop = async {
                     tokio::select! {
                         () = called_off.stopped() => {}
-                        () = inner.lease_over() => {}
+                        () = handle.inner.lease_over() => {}
                     }
                 };
                 let _ = retry::until(&mut backoff, stop, |_| async {
@@ -395,10 +406,13 @@ impl SessionHandle {
                     if called_off.is_stopped() || !slot.may_delete(campaign) {
                         return ControlFlow::Break(());
                     }
-                    let result = withdraw(&*store, &leader).await;
+                    let fencing = handle.fencing(&leader.name);
+                    let (result, turn) =
+                        elections::limbo::write(store.clone(), withdrawal(&leader), turn, fencing)
+                            .await;
                     drop(turn);
                     match result {
-                        Ok(()) | Err(Error::LeaseNotFound { .. }) => ControlFlow::Break(()),
+                        Ok(_) | Err(Error::LeaseNotFound { .. }) => ControlFlow::Break(()),
                         Err(e) if matches!(e.class(), ErrorClass::Retryable | ErrorClass::Indeterminate) => {
                             tracing::debug!(
                                 election = %leader.name,

@@ -6,6 +6,7 @@
 //! for the write to settle, or a write that lands whatever stands, fails here.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::recipes::{
@@ -13,7 +14,7 @@ use crate::recipes::{
     SessionConfig, Term,
 };
 use crate::testkit::{eventually, within};
-use crate::Result;
+use crate::{DynKvLeaseStore, Error, Forward, Result, TxnRequest, TxnResponse};
 
 use super::fixture::{Client, Fixture};
 use super::support::*;
@@ -93,6 +94,115 @@ pub async fn a_leave_outlasts_a_held_campaign_write(fx: &dyn Fixture) {
     .await;
     left.unwrap();
     stays_gone(fx, &key, "leave").await;
+}
+
+/// A client that gives up on a transaction not answered within `after`, as a backend's
+/// request timeout does, while the transaction goes on to the store: its caller is told
+/// `Indeterminate`.
+#[derive(Debug, Clone)]
+struct GivesUp {
+    inner: Arc<DynKvLeaseStore>,
+    after: Duration,
+}
+
+#[async_trait::async_trait]
+impl Forward for GivesUp {
+    fn inner(&self) -> &DynKvLeaseStore {
+        &*self.inner
+    }
+
+    async fn txn(&self, req: TxnRequest) -> Result<TxnResponse> {
+        let inner = self.inner.clone();
+        let sent = tokio::spawn(async move { inner.txn(req).await });
+        match tokio::time::timeout(self.after, sent).await {
+            Ok(answer) => answer.expect("the transaction's task"),
+            Err(_) => Err(Error::Indeterminate {
+                backend: "testkit",
+                operation: "txn",
+                source: format!("no answer within {:?}; given up", self.after).into(),
+            }),
+        }
+    }
+}
+
+/// A campaign whose write its client gave up on (`Indeterminate`) while the write was held,
+/// then `leave()`: the write lands after both, as a write held by a stalled member lands
+/// when the member resumes, and must not bring the key back (`elections::limbo`).
+pub async fn a_leave_outlasts_a_campaign_write_of_unknown_outcome(fx: &dyn Fixture) {
+    let store = fx.store();
+    let a = session(fx, &store).await;
+    let _held = Election::new(&a, "jobs").campaign("a").await.unwrap();
+    let client = fx.client().await;
+    let gives_up: Arc<DynKvLeaseStore> = Arc::new(GivesUp {
+        inner: client.store.clone(),
+        after: delay(fx),
+    });
+    let b = session(fx, &gives_up).await;
+    let key = crate::candidate_key("jobs", b.lease());
+    let e = Election::new(&b, "jobs");
+    let (left, campaign) = while_a_write_is_held(
+        fx,
+        &client,
+        || {
+            let e = e.clone();
+            tokio::spawn(async move { e.campaign("b").await.map(|_| ()) })
+        },
+        |_| {
+            let e = e.clone();
+            async move { e.leave().await }
+        },
+    )
+    .await;
+    left.unwrap();
+    let campaigned = within(prompt(fx), "the campaign to end", campaign)
+        .await
+        .expect("the campaign's task");
+    assert!(
+        campaigned.is_err(),
+        "a campaign whose write was given up on won"
+    );
+    stays_gone(fx, &key, "leave").await;
+}
+
+/// A leadership's resignation that its client gave up on (`Indeterminate`) while it was
+/// held, then a campaign of the same session, which rejoins the key and leads: the
+/// resignation lands after both and must not delete the newer campaign's key
+/// (`elections::limbo`).
+pub async fn a_resign_of_unknown_outcome_leaves_a_newer_campaigns_key(fx: &dyn Fixture) {
+    let client = fx.client().await;
+    let gives_up: Arc<DynKvLeaseStore> = Arc::new(GivesUp {
+        inner: client.store.clone(),
+        after: delay(fx),
+    });
+    let a = session(fx, &gives_up).await;
+    let key = crate::candidate_key("jobs", a.lease());
+    let e = Election::new(&a, "jobs");
+    let first = e.campaign("a").await.unwrap();
+    let led = Arc::new(std::sync::Mutex::new(None));
+    let (again, _) = while_a_write_is_held(
+        fx,
+        &client,
+        || tokio::spawn(first.resign()),
+        |_| {
+            let e = e.clone();
+            let led = led.clone();
+            async move {
+                let leadership = e.campaign("a again").await?;
+                *led.lock().unwrap() = Some(leadership);
+                Ok(())
+            }
+        },
+    )
+    .await;
+    again.unwrap();
+    let store = fx.store();
+    tokio::time::sleep(delay(fx) * 2).await;
+    assert!(
+        present(&store, &key).await,
+        "{key} was deleted under the newer campaign's leadership: a resignation given up on landed after it"
+    );
+    let led = led.lock().unwrap().take().expect("the newer leadership");
+    assert!(led.is_leader(), "the newer campaign's leadership was lost");
 }
 
 /// A semaphore's `leave()` after a dropped `acquire` whose write is held.

@@ -112,6 +112,8 @@ macro_rules! recipe_tests {
             release::a_resign_after_a_failed_newer_campaign_left_no_key,
             release::a_candidate_stop_that_returned_ok_left_no_key,
             in_flight::a_leave_outlasts_a_held_campaign_write,
+            in_flight::a_leave_outlasts_a_campaign_write_of_unknown_outcome,
+            in_flight::a_resign_of_unknown_outcome_leaves_a_newer_campaigns_key,
             in_flight::a_semaphore_leave_outlasts_a_held_acquire,
             in_flight::a_pool_stop_outlasts_a_held_campaign_write,
             in_flight::a_candidate_stop_outlasts_its_held_campaign_write,

@@ -1,0 +1,169 @@
+//! A write of unknown outcome must not land after the writes that follow it.
+//!
+//! A write that comes back `Indeterminate` (its reply lost, or given up at the request
+//! timeout on a member that was not answering) may still be waiting inside the store, and
+//! apply later: etcd applies a write held by a stalled member when the member resumes, after
+//! its client gave up on it (`docs/ETCD-BEHAVIOUR.md`, "a write given up on a stalled
+//! member"). A session's candidate key shows what that does. A campaign's write given up on,
+//! then withdrawn, lands after the withdrawal: the key stands again, queued, and nobody waits
+//! on it, blocking the election for as long as the session lives (turmoil seed 120325). A
+//! withdrawal or resignation given up on lands after a newer campaign of the session took the
+//! key over: the session deletes its own leadership (seed 140007).
+//!
+//! No compare on the candidate key can tell one of the session's writes from another (they
+//! share the key, its create revision and its lease), so each write of it by the session is
+//! also conditional on the version of a fence key of the session's own in that election
+//! (absent until needed: version 0). A write that came back `Indeterminate` is fenced before
+//! the session's turn in the election passes on: the fence key is written (under the
+//! session's lease), and the write, if it is still to apply, fails its compare. From then on
+//! the key is where a read finds it. The turn carries the version the fence stands at, which
+//! only its holder changes, so the next write compares against the right one.
+//!
+//! The fence key lives under no election's prefix (it starts with a NUL byte), so no queue
+//! counts it, and it goes with the session's lease. It is written only after an unknown
+//! outcome, so a session that never met one writes no key of this kind.
+
+use std::future::Future;
+use std::ops::ControlFlow;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tracing::Instrument;
+
+use super::Turn;
+use crate::error::{Error, ErrorClass, Result};
+use crate::request::PutRequest;
+use crate::retry;
+use crate::store::DynKvLeaseStore;
+use crate::txn::{Compare, CompareOp, TxnRequest, TxnResponse};
+use crate::types::LeaseId;
+
+/// The versions a key's fences stand at, one per lease it was written under (see the module
+/// docs); a lease not listed has none (version 0). Raised only after a
+/// write of unknown outcome, so almost always empty.
+#[derive(Debug, Default)]
+pub(crate) struct Fences(Vec<(LeaseId, i64)>);
+
+impl Fences {
+    /// The version the fence of `lease` stands at.
+    pub(crate) fn version(&self, lease: LeaseId) -> i64 {
+        self.0
+            .iter()
+            .find(|(l, _)| *l == lease)
+            .map_or(0, |(_, v)| *v)
+    }
+
+    /// The fence of `lease` now stands at `version`.
+    pub(crate) fn set(&mut self, lease: LeaseId, version: i64) {
+        match self.0.iter_mut().find(|(l, _)| *l == lease) {
+            Some(entry) => entry.1 = version,
+            None => self.0.push((lease, version)),
+        }
+    }
+}
+
+/// The fence key of `lease` in election `name`.
+pub(crate) fn fence_key(name: &str, lease: LeaseId) -> String {
+    format!("\0coord-fence/{name}/{lease}")
+}
+
+/// Runs `txn`, a write of the session's candidate key, conditional on the session's fence,
+/// as a task of its own that owns `turn` until the store answers (dropping the caller does
+/// not release the turn while the write may still land); an answer that leaves the outcome
+/// unknown raises the fence before the turn is handed back. No turn comes back when the task
+/// was cancelled (its runtime shutting down).
+pub(crate) async fn write(
+    store: Arc<DynKvLeaseStore>,
+    txn: TxnRequest,
+    mut turn: Turn,
+    fencing: Fencing,
+) -> (Result<TxnResponse>, Option<Turn>) {
+    let txn = fencing.guard(txn, turn.version(fencing.lease));
+    let write = tokio::spawn(
+        async move {
+            let r = store.txn(txn).await;
+            if matches!(&r, Err(e) if e.class() == ErrorClass::Indeterminate) {
+                let lease = fencing.lease;
+                if let Some(version) = fencing.raise(&*store).await {
+                    turn.set(lease, version);
+                }
+            }
+            (r, turn)
+        }
+        .in_current_span(),
+    );
+    match write.await {
+        Ok((r, turn)) => (r, Some(turn)),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => (
+            Err(Error::Cancelled {
+                operation: "a write of a candidate key",
+            }),
+            None,
+        ),
+    }
+}
+
+/// What fencing a session's candidate writes in one election takes: its fence key, its lease,
+/// and when to give up (the lease is surely gone).
+pub(crate) struct Fencing {
+    key: String,
+    lease: LeaseId,
+    over: Pin<Box<dyn Future<Output = ()> + Send>>,
+}
+
+impl Fencing {
+    pub(crate) fn new(
+        name: &str,
+        lease: LeaseId,
+        over: impl Future<Output = ()> + Send + 'static,
+    ) -> Self {
+        Fencing {
+            key: fence_key(name, lease),
+            lease,
+            over: Box::pin(over),
+        }
+    }
+
+    /// `txn`, conditional also on the fence standing at `version`.
+    pub(crate) fn guard(&self, mut txn: TxnRequest, version: i64) -> TxnRequest {
+        txn.compares.push(Compare::version(
+            self.key.clone(),
+            CompareOp::Equal,
+            version,
+        ));
+        txn
+    }
+
+    /// Writes the fence, until the store answers or the lease is over; the version it then
+    /// stands at, or `None` when the lease is gone (and with it every write under it).
+    pub(crate) async fn raise(self, store: &DynKvLeaseStore) -> Option<i64> {
+        if crate::hooks::planted::enabled(crate::hooks::planted::Bug::UnknownWriteNotFenced) {
+            return None;
+        }
+        let Fencing { key, lease, over } = self;
+        let mut backoff = retry::Backoff::store(retry::seed(&[key.as_bytes()]));
+        let raised = retry::until(&mut backoff, over, |_| {
+            let put = PutRequest::new(key.clone(), Vec::new())
+                .with_lease(lease)
+                .with_prev_kv();
+            async move {
+                match store.put(put).await {
+                    Ok(r) => ControlFlow::Break(Some(r.prev_kv.map_or(0, |kv| kv.version) + 1)),
+                    Err(Error::LeaseNotFound { .. }) => ControlFlow::Break(None),
+                    Err(e) => {
+                        tracing::debug!(
+                            error = &e as &dyn std::error::Error,
+                            "could not fence a candidate write of unknown outcome yet; retrying"
+                        );
+                        ControlFlow::Continue(())
+                    }
+                }
+            }
+        })
+        .await;
+        let raised = raised.ok().flatten();
+        tracing::debug!(fenced = ?raised, "fenced a candidate write of unknown outcome");
+        raised
+    }
+}
