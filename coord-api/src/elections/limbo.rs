@@ -32,10 +32,10 @@ use tracing::Instrument;
 
 use super::Turn;
 use crate::error::{Error, ErrorClass, Result};
-use crate::request::PutRequest;
+use crate::request::{GetRequest, PutRequest};
 use crate::retry;
 use crate::store::DynKvLeaseStore;
-use crate::txn::{Compare, CompareOp, TxnRequest, TxnResponse};
+use crate::txn::{Compare, CompareOp, TxnOp, TxnRequest, TxnResponse};
 use crate::types::LeaseId;
 
 /// The versions a key's fences stand at, one per lease it was written under (see the module
@@ -43,6 +43,39 @@ use crate::types::LeaseId;
 /// write of unknown outcome, so almost always empty.
 #[derive(Debug, Default)]
 pub(crate) struct Fences(Vec<(LeaseId, i64)>);
+
+/// Where the versions a key's fences stand at are kept: a turn's (held while the write is
+/// out), or a registration's, shared by its writes.
+pub(crate) trait FenceBook {
+    /// The version the fence of `lease` stands at, as known here.
+    fn version(&self, lease: LeaseId) -> i64;
+    /// The fence of `lease` stands at `version`.
+    fn set(&mut self, lease: LeaseId, version: i64);
+}
+
+impl FenceBook for Fences {
+    fn version(&self, lease: LeaseId) -> i64 {
+        Fences::version(self, lease)
+    }
+
+    fn set(&mut self, lease: LeaseId, version: i64) {
+        Fences::set(self, lease, version)
+    }
+}
+
+impl FenceBook for Arc<std::sync::Mutex<Fences>> {
+    fn version(&self, lease: LeaseId) -> i64 {
+        self.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .version(lease)
+    }
+
+    fn set(&mut self, lease: LeaseId, version: i64) {
+        self.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .set(lease, version)
+    }
+}
 
 impl Fences {
     /// The version the fence of `lease` stands at.
@@ -64,7 +97,12 @@ impl Fences {
 
 /// The fence key of `lease` in election `name`.
 pub(crate) fn fence_key(name: &str, lease: LeaseId) -> String {
-    format!("\0coord-fence/{name}/{lease}")
+    format!("\0coord-fence/election/{name}/{lease}")
+}
+
+/// The fence key of `lease` for a key a recipe writes alone (a registration's).
+pub(crate) fn key_fence_key(key: &str, lease: LeaseId) -> String {
+    format!("\0coord-fence/key/{key}/{lease}")
 }
 
 /// Runs `txn`, a write of the session's candidate key, conditional on the session's fence,
@@ -78,16 +116,9 @@ pub(crate) async fn write(
     mut turn: Turn,
     fencing: Fencing,
 ) -> (Result<TxnResponse>, Option<Turn>) {
-    let txn = fencing.guard(txn, turn.version(fencing.lease));
     let write = tokio::spawn(
         async move {
-            let r = store.txn(txn).await;
-            if matches!(&r, Err(e) if e.class() == ErrorClass::Indeterminate) {
-                let lease = fencing.lease;
-                if let Some(version) = fencing.raise(&*store).await {
-                    turn.set(lease, version);
-                }
-            }
+            let r = fencing.send(&*store, txn, &mut *turn).await;
             (r, turn)
         }
         .in_current_span(),
@@ -113,31 +144,84 @@ pub(crate) struct Fencing {
 }
 
 impl Fencing {
-    pub(crate) fn new(
+    /// The fence of `lease`'s candidate writes in election `name`.
+    pub(crate) fn election(
         name: &str,
         lease: LeaseId,
         over: impl Future<Output = ()> + Send + 'static,
     ) -> Self {
+        Self::at(fence_key(name, lease), lease, over)
+    }
+
+    /// The fence of `lease`'s writes of `key` (a registration's).
+    pub(crate) fn key(
+        key: &str,
+        lease: LeaseId,
+        over: impl Future<Output = ()> + Send + 'static,
+    ) -> Self {
+        Self::at(key_fence_key(key, lease), lease, over)
+    }
+
+    fn at(key: String, lease: LeaseId, over: impl Future<Output = ()> + Send + 'static) -> Self {
         Fencing {
-            key: fence_key(name, lease),
+            key,
             lease,
             over: Box::pin(over),
         }
     }
 
-    /// `txn`, conditional also on the fence standing at `version`.
-    pub(crate) fn guard(&self, mut txn: TxnRequest, version: i64) -> TxnRequest {
-        txn.compares.push(Compare::version(
-            self.key.clone(),
-            CompareOp::Equal,
-            version,
-        ));
-        txn
+    /// Sends `txn` conditional also on the fence standing at the version `book` holds for
+    /// the lease. A transaction that failed where the fence stood elsewhere (`book` was stale:
+    /// a registration started anew on the same lease, a raise given up on) is sent again at
+    /// the version read, so the caller sees only its own compares' verdict; one whose outcome
+    /// is unknown raises the fence before this returns.
+    pub(crate) async fn send(
+        self,
+        store: &DynKvLeaseStore,
+        txn: TxnRequest,
+        book: &mut (dyn FenceBook + Send),
+    ) -> Result<TxnResponse> {
+        let lease = self.lease;
+        loop {
+            let version = book.version(lease);
+            let mut guarded = txn.clone();
+            guarded.compares.push(Compare::version(
+                self.key.clone(),
+                CompareOp::Equal,
+                version,
+            ));
+            guarded
+                .failure
+                .push(TxnOp::Get(GetRequest::key(self.key.clone())));
+            let mut answer = match store.txn(guarded).await {
+                Ok(answer) => answer,
+                Err(e) => {
+                    if e.class() == ErrorClass::Indeterminate {
+                        if let Some(raised) = self.raise(store).await {
+                            book.set(lease, raised);
+                        }
+                    }
+                    return Err(e);
+                }
+            };
+            if !answer.succeeded {
+                let fence = answer.responses.pop();
+                let stood = fence
+                    .as_ref()
+                    .and_then(|r| r.as_get())
+                    .map(|g| g.kvs.first().map_or(0, |kv| kv.version));
+                if let Some(stood) = stood.filter(|stood| *stood != version) {
+                    book.set(lease, stood);
+                    continue;
+                }
+            }
+            return Ok(answer);
+        }
     }
 
     /// Writes the fence, until the store answers or the lease is over; the version it then
     /// stands at, or `None` when the lease is gone (and with it every write under it).
-    pub(crate) async fn raise(self, store: &DynKvLeaseStore) -> Option<i64> {
+    async fn raise(self, store: &DynKvLeaseStore) -> Option<i64> {
         if crate::hooks::planted::enabled(crate::hooks::planted::Bug::UnknownWriteNotFenced) {
             return None;
         }

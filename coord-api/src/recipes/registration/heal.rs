@@ -12,7 +12,14 @@ pub(super) type Held = (SessionHandle, (Revision, Revision));
 /// stop was asked (by then a newer incarnation may hold the name). A put already sent is
 /// waited for, and `stop` removes what it wrote; nothing more is sent (a key it finds with
 /// older metadata is left for the stop, not rewritten).
-pub(super) async fn register(shared: &Shared, cancel: Option<&Stop>) -> Result<Held> {
+///
+/// Starting, it takes the key from whatever lease holds it (`takes_over`); healing, it waits
+/// while another's lease holds it (see [`Shared::put`]).
+pub(super) async fn register(
+    shared: &Shared,
+    cancel: Option<&Stop>,
+    takes_over: bool,
+) -> Result<Held> {
     let cancel = cancel.filter(|_| {
         !crate::hooks::planted::enabled(crate::hooks::planted::Bug::StopSkipsTheHeal)
             && !crate::hooks::planted::enabled(crate::hooks::planted::Bug::HealOutlivesTheStop)
@@ -32,7 +39,30 @@ pub(super) async fn register(shared: &Shared, cancel: Option<&Stop>) -> Result<H
     // Published before the put, so that a stop() that comes later removes the key whatever
     // lease it is written under (see the module docs).
     shared.lease.store(session.lease().0, Ordering::SeqCst);
-    match shared.put(session.lease(), cancel).await {
+    let written = loop {
+        match shared.put(&session, cancel, takes_over).await {
+            Ok(Written::Taken(kv)) => {
+                tracing::warn!(
+                    lease_id = %kv.lease,
+                    "registered key taken by another lease; waiting for it to be freed"
+                );
+                let freed = until_freed(shared, &kv);
+                match cancel {
+                    Some(cancel) => tokio::select! {
+                        biased;
+                        _ = cancel.stopped() => break Err(Error::Cancelled {
+                            operation: "registration (stopped while another lease held its key)",
+                        }),
+                        _ = freed => {}
+                    },
+                    None => freed.await,
+                }
+            }
+            Ok(Written::Stands(revisions)) => break Ok(revisions),
+            Err(e) => break Err(e),
+        }
+    };
+    match written {
         Ok(revisions) => {
             shared.set_session(Some(session.clone()));
             // A reply that came after the session's deadline (a held link, a slow store)
@@ -55,6 +85,19 @@ pub(super) async fn register(shared: &Shared, cancel: Option<&Stop>) -> Result<H
             Err(e)
         }
     }
+}
+
+/// Waits until `kv`, the key as another lease holds it, is gone or written under another.
+async fn until_freed(shared: &Shared, kv: &KeyValue) {
+    let created = kv.create_revision;
+    Follow::new(
+        shared.store().clone(),
+        kv.key.clone(),
+        kv.mod_revision.next(),
+        Some((created, kv.mod_revision)),
+    )
+    .until_gone(|now| now.create_revision == created && now.lease == kv.lease)
+    .await;
 }
 
 /// Registers (unless `first` did) and keeps the key while the session lives; heals when it
@@ -135,7 +178,7 @@ pub(super) async fn establish(
         // A cancel that lands while the lease is granted ends the attempt; one that lands
         // during the put waits for it: the attempt has published its lease first, so stop()
         // removes whatever it wrote.
-        match register(shared, Some(cancel)).await {
+        match register(shared, Some(cancel), !healing).await {
             Ok(held) => {
                 if attempt > 1 || healing {
                     tracing::debug!(attempts = attempt, "registered after retrying");
@@ -217,35 +260,52 @@ pub(super) async fn hold(
             shared
                 .status
                 .send_replace(RegistrationStatus::Healing { attempt: 0 });
-            if let Some(end) = put_back(shared, session).await {
-                return end;
+            match put_back(shared, session).await {
+                PutBack::Ended(end) => return end,
+                // The follow sees the other lease's put, and what becomes of it.
+                PutBack::Taken => {}
+                PutBack::Back => {
+                    shared.status.send_replace(RegistrationStatus::Registered {
+                        lease: session.lease(),
+                    });
+                }
             }
-            shared.status.send_replace(RegistrationStatus::Registered {
-                lease: session.lease(),
-            });
         }
     }
 }
 
-/// Puts the key back after it was deleted, retrying until it is back or the session ends. A
-/// lease that turns out to be gone (the delete was its expiry or revocation) ends the hold at
-/// once, so the heal starts now rather than at the session's next renewal.
-pub(super) async fn put_back(shared: &Shared, session: &SessionHandle) -> Option<SessionEnd> {
+/// What became of a key put back.
+pub(super) enum PutBack {
+    /// Under the live lease again.
+    Back,
+    /// Another lease took it after it was deleted (see [`Shared::put`]).
+    Taken,
+    /// The session ended first.
+    Ended(SessionEnd),
+}
+
+/// Puts the key back after it was deleted, retrying until it is back, taken, or the session
+/// ends. A lease that turns out to be gone (the delete was its expiry or revocation) ends the
+/// hold at once, so the heal starts now rather than at the session's next renewal.
+pub(super) async fn put_back(shared: &Shared, session: &SessionHandle) -> PutBack {
     let mut backoff = retry::Backoff::store(retry::seed(&[shared.config.key.as_bytes()]));
     let put_back = retry::until(&mut backoff, session.done(), |_| async {
         let put = tokio::select! {
             biased;
-            end = session.done() => return ControlFlow::Break(Some(end)),
+            end = session.done() => return ControlFlow::Break(PutBack::Ended(end)),
             // Dropped, not asked, at a stop (the hold is): no stop to look at.
-            put = shared.put(session.lease(), None) => put,
+            put = shared.put(session, None, false) => put,
         };
         match put {
-            Ok(_) => {
+            Ok(Written::Taken(_)) => ControlFlow::Break(PutBack::Taken),
+            Ok(Written::Stands(_)) => {
                 tracing::warn!("registered key was deleted under a live lease; put it back");
                 crate::metrics::record::registration_repaired();
-                ControlFlow::Break(None)
+                ControlFlow::Break(PutBack::Back)
             }
-            Err(Error::LeaseNotFound { .. }) => ControlFlow::Break(Some(SessionEnd::LeaseLost)),
+            Err(Error::LeaseNotFound { .. }) => {
+                ControlFlow::Break(PutBack::Ended(SessionEnd::LeaseLost))
+            }
             Err(e) => {
                 tracing::debug!(
                     error = &e as &dyn std::error::Error,
@@ -256,7 +316,7 @@ pub(super) async fn put_back(shared: &Shared, session: &SessionHandle) -> Option
         }
     });
     match put_back.await {
-        Ok(ended) => ended,
-        Err(end) => Some(end),
+        Ok(done) => done,
+        Err(end) => PutBack::Ended(end),
     }
 }

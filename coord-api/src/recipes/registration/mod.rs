@@ -39,6 +39,7 @@ use super::host::HostSession;
 use super::session::{SessionConfig, SessionEnd, SessionHandle};
 use super::task::Task;
 use crate::elections::follow::{Change, Follow};
+use crate::elections::limbo::{Fences, Fencing};
 use crate::error::{Error, Result};
 use crate::request::{DeleteRequest, GetRequest, PutRequest};
 use crate::retry::{self, Backoff};
@@ -53,7 +54,7 @@ mod shared;
 
 pub use config::{RegistrationConfig, RegistrationHealth, RegistrationStatus};
 use heal::{register, run, Held};
-use shared::{delete_if_under, Shared};
+use shared::{Shared, Written};
 
 /// A host registered under a lease, healing itself. See the module docs.
 ///
@@ -155,6 +156,7 @@ impl HostRegistration {
             metadata: Mutex::new(config.metadata.clone()),
             updates: tokio::sync::Mutex::new(()),
             heal_writes: Arc::new(tokio::sync::RwLock::new(())),
+            fences: Arc::default(),
             config,
         }))
     }
@@ -166,7 +168,7 @@ impl HostRegistration {
 
     async fn begin(host: HostSession, owned: bool, config: RegistrationConfig) -> Result<Self> {
         let shared = Self::shared(host, owned, config)?;
-        match register(&shared, None).await {
+        match register(&shared, None, true).await {
             Ok(first) => Ok(Self::running(shared, Some(first))),
             Err(e) => {
                 shared.host.detach(shared.id);
@@ -252,8 +254,19 @@ impl HostRegistration {
         let key = self.shared.config.key.clone();
         let req = TxnRequest::new()
             .when([Compare::lease(key.clone(), CompareOp::Equal, lease)])
-            .and_then([PutRequest::new(key, metadata).with_lease(lease)]);
-        match self.shared.store().txn(req).await {
+            .and_then([PutRequest::new(key.clone(), metadata).with_lease(lease)]);
+        // Fenced: given up on, it cannot land after the next update (with newer metadata).
+        // The lease is the host session's, unless it was replaced meanwhile: then the lease is
+        // gone, and so is anything sent under it.
+        let written = match self.shared.host.current().filter(|s| s.lease() == lease) {
+            Some(session) => {
+                let in_flight = self.shared.heal_writes.clone().read_owned().await;
+                let fencing = session.key_fencing(&key);
+                self.shared.write(req, fencing, in_flight).await
+            }
+            None => self.shared.store().txn(req).await,
+        };
+        match written {
             Ok(_) | Err(Error::LeaseNotFound { .. }) => Ok(()),
             Err(e) => Err(e),
         }
@@ -284,10 +297,7 @@ impl HostRegistration {
             // removals, so only the write in flight can bring it back, and the removal
             // below takes that away.
             let leases = shared.host.leases();
-            let _ = tokio::join!(
-                delete_if_under(shared.store(), &shared.config.key, &leases),
-                self.task.stop()
-            );
+            let _ = tokio::join!(shared.delete_if_under(&leases), self.task.stop());
         }
         // A heal's write runs on when the loop that sent it stops: it may still land (a retry
         // on another member, a reply waited out). Removing the key first would let it come

@@ -27,6 +27,20 @@ pub(super) struct Shared {
     /// on it (a request already sent may still land): an update waits for those that may
     /// carry an older value before it returns, while a heal waits for no update.
     pub(super) heal_writes: Arc<tokio::sync::RwLock<()>>,
+    /// The versions the key's fences stand at, per lease (see `crate::elections::limbo`):
+    /// every write of the key is conditional on its lease's, and one that comes back
+    /// `Indeterminate` raises it before it counts as settled, so it cannot land after the
+    /// writes that follow it (an update's newer metadata, a stop's removal).
+    pub(super) fences: Arc<Mutex<Fences>>,
+}
+
+/// Where a registration's put left the key.
+#[derive(Debug)]
+pub(super) enum Written {
+    /// Under the session's lease: its create and mod revisions.
+    Stands((Revision, Revision)),
+    /// Under another lease, not the host's: someone else registered the name.
+    Taken(KeyValue),
 }
 
 impl Shared {
@@ -34,10 +48,19 @@ impl Shared {
         self.host.store()
     }
 
-    /// Writes the key under `lease` with the latest metadata, unless it already stands
-    /// under `lease`; returns its create and mod revisions.
+    /// Writes the key under the session's lease with the latest metadata, unless it already
+    /// stands under that lease; returns its create and mod revisions, or where another
+    /// holds it.
     ///
-    /// An update writes the latest value there, so a key found under `lease` is not
+    /// A registration starting takes the key from whatever lease holds it (`takes_over`):
+    /// in a rolling restart the new incarnation takes the name from the old one, whose lease
+    /// may live on for a TTL. A heal, or a key put back, takes it only when it is absent or
+    /// under one of the host's own earlier leases: under another, a newer incarnation (or
+    /// another process under the same name) registered it meanwhile, and the name is not
+    /// ours while it holds it ([`Written::Taken`]; turmoil seed 130454: an old incarnation's
+    /// heal took the key from the new one in the instant it registered).
+    ///
+    /// An update writes the latest value there, so a key found under the lease is not
     /// overwritten with what may by then be older: a heal never waits for an update to
     /// finish (its put may be waiting out a lost reply), and never writes over a newer value;
     /// an update waits for the heal writes in flight. Found with older metadata (a heal write
@@ -47,10 +70,11 @@ impl Shared {
     /// name went to a newer incarnation.
     pub(super) async fn put(
         &self,
-        lease: LeaseId,
+        session: &SessionHandle,
         stop: Option<&Stop>,
-    ) -> Result<(Revision, Revision)> {
-        let in_flight = self.heal_writes.clone().read_owned().await;
+        takes_over: bool,
+    ) -> Result<Written> {
+        let lease = session.lease();
         // In the key's turn: a stopped registration's removal still pending is called off,
         // and one on its way lands before this write, not after it.
         let key_turn = self.host.key_turn(&self.config.key);
@@ -67,44 +91,71 @@ impl Shared {
             },
             None => turn.await,
         };
-        let metadata = if crate::hooks::planted::enabled(
-            crate::hooks::planted::Bug::HealWritesFirstMetadata,
-        ) {
-            self.config.metadata.clone()
-        } else {
-            self.latest()
-        };
         let key = self.config.key.clone();
-        let put = PutRequest::new(key.clone(), metadata)
-            .with_lease(lease)
-            .with_prev_kv();
-        let txn = TxnRequest::new()
-            .when([Compare::lease(key.clone(), CompareOp::NotEqual, lease)])
-            .and_then([TxnOp::Put(put)])
-            .or_else([TxnOp::Get(GetRequest::key(key.clone()))]);
-        let r = self.write(txn, in_flight).await?;
-        let revisions = match r.responses.first() {
-            Some(TxnOpResponse::Put(p)) => {
-                Some(p.prev_kv.as_ref().map_or((r.revision, r.revision), |kv| {
-                    (kv.create_revision, r.revision)
-                }))
-            }
-            Some(TxnOpResponse::Get(g)) => match g.kvs.first() {
-                Some(kv) if stop.is_some_and(Stop::is_stopped) => {
-                    tracing::debug!("stopping: the key under our lease is left for the stop");
-                    Some((kv.create_revision, kv.mod_revision))
-                }
-                Some(kv) => Some(self.bring_up_to_date(kv, lease).await?),
-                None => None,
-            },
-            _ => None,
+        // Whom the key may be taken from: any other lease, or (healing) none but the host's
+        // own earlier ones, each a compare of its own.
+        let mut from = if takes_over {
+            Compare::lease(key.clone(), CompareOp::NotEqual, lease)
+        } else {
+            Compare::create_revision(key.clone(), CompareOp::Equal, 0)
         };
-        // The compare failed only if the key stands under the lease, so the read found it.
-        revisions.ok_or_else(|| Error::Rejected {
-            backend: "coord",
-            operation: "registration put",
-            source: format!("the store answered {r:?}").into(),
-        })
+        loop {
+            let in_flight = self.heal_writes.clone().read_owned().await;
+            let metadata = if crate::hooks::planted::enabled(
+                crate::hooks::planted::Bug::HealWritesFirstMetadata,
+            ) {
+                self.config.metadata.clone()
+            } else {
+                self.latest()
+            };
+            let put = PutRequest::new(key.clone(), metadata)
+                .with_lease(lease)
+                .with_prev_kv();
+            let txn = TxnRequest::new()
+                .when([from])
+                .and_then([TxnOp::Put(put)])
+                .or_else([TxnOp::Get(GetRequest::key(key.clone()))]);
+            let r = self
+                .write(txn, session.key_fencing(&key), in_flight)
+                .await?;
+            let found = match r.responses.first() {
+                Some(TxnOpResponse::Put(p)) => {
+                    return Ok(Written::Stands(
+                        p.prev_kv.as_ref().map_or((r.revision, r.revision), |kv| {
+                            (kv.create_revision, r.revision)
+                        }),
+                    ));
+                }
+                Some(TxnOpResponse::Get(g)) => g.kvs.first(),
+                _ => None,
+            };
+            match found {
+                Some(kv) if kv.lease == lease => {
+                    if stop.is_some_and(Stop::is_stopped) {
+                        tracing::debug!("stopping: the key under our lease is left for the stop");
+                        return Ok(Written::Stands((kv.create_revision, kv.mod_revision)));
+                    }
+                    return self
+                        .bring_up_to_date(kv, session)
+                        .await
+                        .map(Written::Stands);
+                }
+                Some(kv) if !takes_over && self.host.leases().contains(&kv.lease) => {
+                    // Under an earlier lease of this host's: ours to move onto this one.
+                    from = Compare::lease(key.clone(), CompareOp::Equal, kv.lease);
+                }
+                Some(kv) if !takes_over => return Ok(Written::Taken(kv.clone())),
+                // Gone between the compare and the read, or the fence moved on (a write of
+                // unknown outcome meanwhile): tried again by the caller.
+                _ => {
+                    return Err(Error::Rejected {
+                        backend: "coord",
+                        operation: "registration put",
+                        source: format!("the store answered {r:?}").into(),
+                    })
+                }
+            }
+        }
     }
 
     /// The key found under our lease: its create and mod revisions, once it carries the
@@ -117,8 +168,9 @@ impl Shared {
     pub(super) async fn bring_up_to_date(
         &self,
         kv: &KeyValue,
-        lease: LeaseId,
+        session: &SessionHandle,
     ) -> Result<(Revision, Revision)> {
+        let lease = session.lease();
         let in_flight = self.heal_writes.clone().read_owned().await;
         let latest = self.latest();
         if kv.value == latest {
@@ -131,12 +183,14 @@ impl Shared {
         let put = PutRequest::new(key.clone(), latest).with_lease(lease);
         let txn = TxnRequest::new()
             .when([Compare::mod_revision(
-                key,
+                key.clone(),
                 CompareOp::Equal,
                 kv.mod_revision,
             )])
             .and_then([TxnOp::Put(put)]);
-        let r = self.write(txn, in_flight).await?;
+        let r = self
+            .write(txn, session.key_fencing(&key), in_flight)
+            .await?;
         // Written by someone else meanwhile: only an update (with the latest value) or an
         // operator can have; what stands is not ours to overwrite.
         let mod_revision = if r.succeeded {
@@ -147,19 +201,22 @@ impl Shared {
         Ok((kv.create_revision, mod_revision))
     }
 
-    /// Runs a write of the key. It runs on as a task of its own, holding its place among the
-    /// heal writes until it resolves, if the heal stops waiting for it (its session ended
-    /// meanwhile).
+    /// Runs a write of the key, conditional on `fencing`'s fence. It runs on as a task of its
+    /// own, holding its place among the heal writes until it resolves, if the heal stops
+    /// waiting for it (its session ended meanwhile); one that comes back `Indeterminate`
+    /// raises the fence before it lets go of that place (see `crate::elections::limbo`).
     pub(super) async fn write(
         &self,
         txn: TxnRequest,
+        fencing: Fencing,
         in_flight: tokio::sync::OwnedRwLockReadGuard<()>,
     ) -> Result<TxnResponse> {
         let store = self.store().clone();
+        let mut fences = self.fences.clone();
         let write = tokio::spawn(
             async move {
                 let _in_flight = in_flight;
-                store.txn(txn).await
+                fencing.send(&*store, txn, &mut fences).await
             }
             .in_current_span(),
         );
@@ -188,7 +245,7 @@ impl Shared {
         let key_turn = self.host.key_turn(&self.config.key);
         let first = {
             let _turn = key_turn.turn.clone().lock_owned().await;
-            delete_if_under(self.store(), &self.config.key, &self.host.leases()).await
+            self.delete_if_under(&self.host.leases()).await
         };
         match first {
             Ok(()) => Ok(()),
@@ -211,8 +268,7 @@ impl Shared {
                             if called_off.is_stopped() {
                                 return ControlFlow::Break(());
                             }
-                            let removed =
-                                delete_if_under(shared.store(), &shared.config.key, leases).await;
+                            let removed = shared.delete_if_under(leases).await;
                             drop(turn);
                             match removed {
                                 Ok(_) => ControlFlow::Break(()),
@@ -229,19 +285,28 @@ impl Shared {
     }
 }
 
-/// Deletes `key` if its lease is one of `leases`.
-pub(super) async fn delete_if_under(
-    store: &Arc<DynKvLeaseStore>,
-    key: &str,
-    leases: &[LeaseId],
-) -> Result<()> {
-    for &lease in leases {
-        let txn = TxnRequest::new()
-            .when([Compare::lease(key, CompareOp::Equal, lease)])
-            .and_then([TxnOp::Delete(DeleteRequest::key(key))]);
-        if store.txn(txn).await?.succeeded {
-            return Ok(());
+impl Shared {
+    /// Deletes the key if its lease is one of `leases`, each try fenced (see
+    /// [`write`](Self::write)): a removal given up on cannot land after a registration started
+    /// since wrote the key.
+    pub(super) async fn delete_if_under(&self, leases: &[LeaseId]) -> Result<()> {
+        let key = self.config.key.as_str();
+        let live = self.host.current();
+        for &lease in leases {
+            let txn = TxnRequest::new()
+                .when([Compare::lease(key, CompareOp::Equal, lease)])
+                .and_then([TxnOp::Delete(DeleteRequest::key(key))]);
+            let fencing = match &live {
+                Some(session) if session.lease() == lease => session.key_fencing(key),
+                // A lease set aside is gone at the store within its TTL of its last renewal,
+                // which came before it was set aside; twice that bounds the fence's tries.
+                _ => Fencing::key(key, lease, tokio::time::sleep(self.host.config().ttl * 2)),
+            };
+            let in_flight = self.heal_writes.clone().read_owned().await;
+            if self.write(txn, fencing, in_flight).await?.succeeded {
+                return Ok(());
+            }
         }
+        Ok(())
     }
-    Ok(())
 }

@@ -269,8 +269,17 @@ impl SessionHandle {
     /// `crate::elections::limbo`): given up once the lease is surely over.
     pub(crate) fn fencing(&self, name: &str) -> crate::elections::Fencing {
         let inner = self.inner.clone();
-        crate::elections::Fencing::new(
-            name,
+        crate::elections::Fencing::election(name, self.inner.lease, async move {
+            inner.lease_over().await
+        })
+    }
+
+    /// What fencing this session's writes of `key` take (a registration's; see
+    /// `crate::elections::limbo`).
+    pub(crate) fn key_fencing(&self, key: &str) -> crate::elections::Fencing {
+        let inner = self.inner.clone();
+        crate::elections::Fencing::key(
+            key,
             self.inner.lease,
             async move { inner.lease_over().await },
         )

@@ -14,7 +14,7 @@ use crate::recipes::{
     SessionConfig, Term,
 };
 use crate::testkit::{eventually, within};
-use crate::{DynKvLeaseStore, Error, Forward, Result, TxnRequest, TxnResponse};
+use crate::{DynKvLeaseStore, Error, Forward, KvLeaseStoreExt, Result, TxnRequest, TxnResponse};
 
 use super::fixture::{Client, Fixture};
 use super::support::*;
@@ -203,6 +203,67 @@ pub async fn a_resign_of_unknown_outcome_leaves_a_newer_campaigns_key(fx: &dyn F
     );
     let led = led.lock().unwrap().take().expect("the newer leadership");
     assert!(led.is_leader(), "the newer campaign's leadership was lost");
+}
+
+/// A registration's metadata update that its client gave up on (`Indeterminate`) while it
+/// was held, then a newer update: the first lands after both and must not bring the older
+/// metadata back (`elections::limbo`).
+pub async fn an_update_of_unknown_outcome_leaves_the_newer_metadata(fx: &dyn Fixture) {
+    let client = fx.client().await;
+    let gives_up: Arc<DynKvLeaseStore> = Arc::new(GivesUp {
+        inner: client.store.clone(),
+        after: delay(fx),
+    });
+    let host = HostSession::new(gives_up, SessionConfig::default().with_ttl(fx.ttl()));
+    let mut r = Arc::new(
+        HostRegistration::start_on(&host, reg_on("hosts/h", "v1"))
+            .await
+            .unwrap(),
+    );
+    let store = fx.store();
+    eventually(prompt(fx), "h to register", || async {
+        present(&store, "hosts/h").await
+    })
+    .await;
+    let older = r.clone();
+    let newer = r.clone();
+    let (newer, _) = while_a_write_is_held(
+        fx,
+        &client,
+        move || tokio::spawn(async move { older.update_metadata("v2").await }),
+        |_| async move { newer.update_metadata("v3").await },
+    )
+    .await;
+    newer.unwrap();
+    tokio::time::sleep(delay(fx) * 2).await;
+    let kv = store.get_key("hosts/h").await.unwrap().expect("h's key");
+    assert_eq!(
+        kv.value_str(),
+        "v3",
+        "an update given up on landed after the newer one"
+    );
+    // A registration started anew on the host session knows nothing of the fence the
+    // first one raised, and still registers (turmoil seed 150111: it never did).
+    let r = loop {
+        match Arc::try_unwrap(r) {
+            Ok(r) => break r,
+            Err(shared) => {
+                r = shared;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    };
+    r.stop().await.unwrap();
+    let again = within(
+        prompt(fx),
+        "a registration started anew",
+        HostRegistration::start_on(&host, reg_on("hosts/h", "v4")),
+    )
+    .await
+    .unwrap();
+    let kv = store.get_key("hosts/h").await.unwrap().expect("h's key");
+    assert_eq!(kv.value_str(), "v4");
+    again.stop().await.unwrap();
 }
 
 /// A semaphore's `leave()` after a dropped `acquire` whose write is held.

@@ -347,3 +347,57 @@ pub async fn registration_whose_key_another_lease_takes_is_not_registered(fx: &d
     assert_eq!((kv.lease, kv.value.as_ref()), (lease, &b"old"[..]));
     r.stop().await.unwrap();
 }
+
+/// A registration healing after its lease is gone leaves the key to a lease that registered
+/// it meanwhile (a newer incarnation of the host), and takes it once that lease lets go.
+/// (Turmoil seed 130454: an old incarnation's heal took the key from the new one in the
+/// instant it registered, and held it through the old one's stop.)
+pub async fn registration_heal_leaves_a_key_another_lease_holds(fx: &dyn Fixture) {
+    let store = fx.store();
+    let r = HostRegistration::start(store.clone(), reg(fx, "hosts/a", "old"))
+        .await
+        .unwrap();
+    let old = r.lease_id();
+    let mut status = r.subscribe();
+    let newer = store.grant(fx.ttl() * 3).await.unwrap().id;
+    store
+        .put(PutRequest::new("hosts/a", "new").with_lease(newer))
+        .await
+        .unwrap();
+    within(
+        prompt(fx),
+        "the registration to say it is not registered",
+        status.wait_for(|s| matches!(s, RegistrationStatus::Healing { .. })),
+    )
+    .await
+    .unwrap();
+    // Its lease goes too: it heals onto a new one, and finds the key taken.
+    store.revoke(old).await.unwrap();
+    tokio::time::sleep(fx.ttl()).await;
+    let kv = store
+        .get_key("hosts/a")
+        .await
+        .unwrap()
+        .expect("the newer key");
+    assert_eq!(
+        (kv.lease, kv.value.as_ref()),
+        (newer, &b"new"[..]),
+        "a heal took the key from the lease that registered it meanwhile"
+    );
+    assert!(matches!(r.status(), RegistrationStatus::Healing { .. }));
+    store.revoke(newer).await.unwrap();
+    within(
+        fx.ttl(),
+        "the heal to take the freed key",
+        status.wait_for(|s| matches!(s, RegistrationStatus::Registered { lease } if *lease != old)),
+    )
+    .await
+    .unwrap();
+    let kv = store
+        .get_key("hosts/a")
+        .await
+        .unwrap()
+        .expect("the key is back");
+    assert_eq!((kv.lease, kv.value.as_ref()), (r.lease_id(), &b"old"[..]));
+    r.stop().await.unwrap();
+}
