@@ -118,7 +118,7 @@ pub(crate) async fn write(
 ) -> (Result<TxnResponse>, Option<Turn>) {
     let write = tokio::spawn(
         async move {
-            let r = fencing.send(&*store, txn, &mut *turn).await;
+            let r = fencing.send(&*store, txn, &mut *turn, &|| true).await;
             (r, turn)
         }
         .in_current_span(),
@@ -175,11 +175,15 @@ impl Fencing {
     /// a registration started anew on the same lease, a raise given up on) is sent again at
     /// the version read, so the caller sees only its own compares' verdict; one whose outcome
     /// is unknown raises the fence before this returns.
+    ///
+    /// `may_resend` is asked before a transaction is sent again: a registration being stopped
+    /// sends nothing more (the failed answer is the caller's).
     pub(crate) async fn send(
         self,
         store: &DynKvLeaseStore,
         txn: TxnRequest,
         book: &mut (dyn FenceBook + Send),
+        may_resend: &(dyn Fn() -> bool + Sync),
     ) -> Result<TxnResponse> {
         let lease = self.lease;
         loop {
@@ -212,7 +216,9 @@ impl Fencing {
                     .map(|g| g.kvs.first().map_or(0, |kv| kv.version));
                 if let Some(stood) = stood.filter(|stood| *stood != version) {
                     book.set(lease, stood);
-                    continue;
+                    if may_resend() {
+                        continue;
+                    }
                 }
             }
             return Ok(answer);

@@ -306,8 +306,9 @@ impl SimCluster {
     /// Fault: member `i` stalls (SIGSTOP, a long GC or a stuck disk): it keeps accepting
     /// connections and what is sent on them, and answers nothing (no reply, no status, no
     /// watch event, no keep-alive answer) until [`thaw`](Self::thaw), when it answers all of
-    /// it. Its peers count it gone: if it led, they elect another after an election timeout,
-    /// which refreshes every lease.
+    /// it. A write whose client gave up on it meanwhile is applied at the thaw one draw in
+    /// three, as etcd's race between the request and the reset goes. Its peers count it gone:
+    /// if it led, they elect another after an election timeout, which refreshes every lease.
     pub fn stall(&self, sim: &turmoil::Sim<'_>, i: usize) {
         if let Some(at) = self.members.stall(i, sim.elapsed()) {
             if self.members.version().revokes_on_resume() {

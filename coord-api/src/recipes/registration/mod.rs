@@ -157,6 +157,7 @@ impl HostRegistration {
             updates: tokio::sync::Mutex::new(()),
             heal_writes: Arc::new(tokio::sync::RwLock::new(())),
             fences: Arc::default(),
+            stopping: Arc::default(),
             config,
         }))
     }
@@ -241,8 +242,19 @@ impl HostRegistration {
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = metadata.clone();
         // Heal writes sent before the line above may carry the old value; once they have
-        // landed (or failed), every later one carries this one.
-        drop(self.shared.heal_writes.write().await);
+        // landed (or failed), every later one carries this one. Held on (downgraded, so that
+        // nothing queued for the lock meanwhile goes first), as this write's place among them.
+        let in_flight = self
+            .shared
+            .heal_writes
+            .clone()
+            .write_owned()
+            .await
+            .downgrade();
+        if self.shared.stopping.load(Ordering::SeqCst) {
+            // The stop removes the key; nothing more of it is sent.
+            return Ok(());
+        }
         let lease = self.lease_id();
         if lease.is_none() {
             return Ok(());
@@ -260,7 +272,6 @@ impl HostRegistration {
         // gone, and so is anything sent under it.
         let written = match self.shared.host.current().filter(|s| s.lease() == lease) {
             Some(session) => {
-                let in_flight = self.shared.heal_writes.clone().read_owned().await;
                 let fencing = session.key_fencing(&key);
                 self.shared.write(req, fencing, in_flight).await
             }
@@ -283,6 +294,7 @@ impl HostRegistration {
     /// it lands; until then the key may stand, at most until its lease expires.
     pub async fn stop(mut self) -> Result<()> {
         let shared = self.shared.clone();
+        shared.stopping.store(true, Ordering::SeqCst);
         // Wait for the loop: after this, nothing can publish a new lease or write the key.
         if crate::hooks::planted::enabled(crate::hooks::planted::Bug::StopSkipsTheHeal) {
             self.task.cancel();

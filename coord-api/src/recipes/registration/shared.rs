@@ -32,6 +32,9 @@ pub(super) struct Shared {
     /// `Indeterminate` raises it before it counts as settled, so it cannot land after the
     /// writes that follow it (an update's newer metadata, a stop's removal).
     pub(super) fences: Arc<Mutex<Fences>>,
+    /// Set as [`stop`](HostRegistration::stop) begins: from then on nothing more of the key
+    /// is sent but removals (L7 in `docs/INVARIANTS.md`).
+    pub(super) stopping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Where a registration's put left the key.
@@ -141,7 +144,13 @@ impl Shared {
                         .map(Written::Stands);
                 }
                 Some(kv) if !takes_over && self.host.leases().contains(&kv.lease) => {
-                    // Under an earlier lease of this host's: ours to move onto this one.
+                    // Under an earlier lease of this host's: ours to move onto this one,
+                    // unless the stop was asked meanwhile (it removes the key).
+                    if stop.is_some_and(Stop::is_stopped) {
+                        return Err(Error::Cancelled {
+                            operation: "registration (stopped while its key was moved)",
+                        });
+                    }
                     from = Compare::lease(key.clone(), CompareOp::Equal, kv.lease);
                 }
                 Some(kv) if !takes_over => return Ok(Written::Taken(kv.clone())),
@@ -213,10 +222,13 @@ impl Shared {
     ) -> Result<TxnResponse> {
         let store = self.store().clone();
         let mut fences = self.fences.clone();
+        let stopping = self.stopping.clone();
+        let removal = !txn.success.iter().any(|op| matches!(op, TxnOp::Put(_)));
         let write = tokio::spawn(
             async move {
                 let _in_flight = in_flight;
-                fencing.send(&*store, txn, &mut fences).await
+                let may_resend = || removal || !stopping.load(Ordering::SeqCst);
+                fencing.send(&*store, txn, &mut fences, &may_resend).await
             }
             .in_current_span(),
         );
