@@ -105,42 +105,88 @@ pub(crate) fn key_fence_key(key: &str, lease: LeaseId) -> String {
     format!("\0coord-fence/key/{key}/{lease}")
 }
 
-/// Runs `txn`, a write of the session's candidate key, conditional on the session's fence,
-/// as a task of its own that owns `turn` until the store answers (dropping the caller does
-/// not release the turn while the write may still land); an answer that leaves the outcome
-/// unknown raises the fence before the turn is handed back. No turn comes back when the task
-/// was cancelled (its runtime shutting down).
+/// Runs `txn`, a write of the session's candidate key, fenced: see [`fenced`].
 pub(crate) async fn write(
     store: Arc<DynKvLeaseStore>,
     txn: TxnRequest,
-    mut turn: Turn,
+    turn: Turn,
     fencing: Fencing,
 ) -> (Result<TxnResponse>, Option<Turn>) {
-    let write = tokio::spawn(
+    fenced(store, txn, turn, fencing, || true).await
+}
+
+/// What a fenced write holds until it is settled (the session's turn in an election, a
+/// registration's place among its writes), and where it keeps the fences' versions.
+pub(crate) trait Hold: Send + 'static {
+    /// The book the fences' versions are kept in.
+    fn book(&mut self) -> &mut (dyn FenceBook + Send);
+}
+
+impl Hold for Turn {
+    fn book(&mut self) -> &mut (dyn FenceBook + Send) {
+        &mut **self
+    }
+}
+
+/// Runs `txn` conditional on `fencing`'s fence (see [`Fencing::send`]), as a task of its
+/// own that keeps `hold` until the write is settled: dropping the caller does not let go of
+/// it while the write may still land. The answer comes back as soon as the store gives it,
+/// and `hold` with it; but an answer that leaves the outcome unknown comes back alone, while
+/// the task raises the fence and only then lets go of `hold`. So a caller told
+/// `Indeterminate` hears it at once, however long the store takes to take the fence, and
+/// whoever waits for the hold next finds the write fenced. No hold comes back either when the
+/// task was cancelled (its runtime shutting down).
+pub(crate) async fn fenced<H: Hold>(
+    store: Arc<DynKvLeaseStore>,
+    txn: TxnRequest,
+    mut hold: H,
+    fencing: Fencing,
+    may_resend: impl Fn() -> bool + Send + Sync + 'static,
+) -> (Result<TxnResponse>, Option<H>) {
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    tokio::spawn(
         async move {
-            let r = fencing.send(&*store, txn, &mut *turn, &|| true).await;
-            (r, turn)
+            match fencing
+                .fence
+                .send(&*store, txn, hold.book(), &may_resend)
+                .await
+            {
+                Err(e) if e.class() == ErrorClass::Indeterminate => {
+                    let _ = answer.send((Err(e), None));
+                    let lease = fencing.fence.lease;
+                    if let Some(version) = fencing.raise(&*store).await {
+                        hold.book().set(lease, version);
+                    }
+                    drop(hold);
+                }
+                settled => {
+                    let _ = answer.send((settled, Some(hold)));
+                }
+            }
         }
         .in_current_span(),
     );
-    match write.await {
-        Ok((r, turn)) => (r, Some(turn)),
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(_) => (
+    answered.await.unwrap_or_else(|_| {
+        (
             Err(Error::Cancelled {
-                operation: "a write of a candidate key",
+                operation: "a fenced write",
             }),
             None,
-        ),
-    }
+        )
+    })
 }
 
 /// What fencing a session's candidate writes in one election takes: its fence key, its lease,
 /// and when to give up (the lease is surely gone).
 pub(crate) struct Fencing {
+    fence: Fence,
+    over: Pin<Box<dyn Future<Output = ()> + Send>>,
+}
+
+/// A fence key, and the lease it fences the writes of.
+struct Fence {
     key: String,
     lease: LeaseId,
-    over: Pin<Box<dyn Future<Output = ()> + Send>>,
 }
 
 impl Fencing {
@@ -164,64 +210,8 @@ impl Fencing {
 
     fn at(key: String, lease: LeaseId, over: impl Future<Output = ()> + Send + 'static) -> Self {
         Fencing {
-            key,
-            lease,
+            fence: Fence { key, lease },
             over: Box::pin(over),
-        }
-    }
-
-    /// Sends `txn` conditional also on the fence standing at the version `book` holds for
-    /// the lease. A transaction that failed where the fence stood elsewhere (`book` was stale:
-    /// a registration started anew on the same lease, a raise given up on) is sent again at
-    /// the version read, so the caller sees only its own compares' verdict; one whose outcome
-    /// is unknown raises the fence before this returns.
-    ///
-    /// `may_resend` is asked before a transaction is sent again: a registration being stopped
-    /// sends nothing more (the failed answer is the caller's).
-    pub(crate) async fn send(
-        self,
-        store: &DynKvLeaseStore,
-        txn: TxnRequest,
-        book: &mut (dyn FenceBook + Send),
-        may_resend: &(dyn Fn() -> bool + Sync),
-    ) -> Result<TxnResponse> {
-        let lease = self.lease;
-        loop {
-            let version = book.version(lease);
-            let mut guarded = txn.clone();
-            guarded.compares.push(Compare::version(
-                self.key.clone(),
-                CompareOp::Equal,
-                version,
-            ));
-            guarded
-                .failure
-                .push(TxnOp::Get(GetRequest::key(self.key.clone())));
-            let mut answer = match store.txn(guarded).await {
-                Ok(answer) => answer,
-                Err(e) => {
-                    if e.class() == ErrorClass::Indeterminate {
-                        if let Some(raised) = self.raise(store).await {
-                            book.set(lease, raised);
-                        }
-                    }
-                    return Err(e);
-                }
-            };
-            if !answer.succeeded {
-                let fence = answer.responses.pop();
-                let stood = fence
-                    .as_ref()
-                    .and_then(|r| r.as_get())
-                    .map(|g| g.kvs.first().map_or(0, |kv| kv.version));
-                if let Some(stood) = stood.filter(|stood| *stood != version) {
-                    book.set(lease, stood);
-                    if may_resend() {
-                        continue;
-                    }
-                }
-            }
-            return Ok(answer);
         }
     }
 
@@ -231,7 +221,10 @@ impl Fencing {
         if crate::hooks::planted::enabled(crate::hooks::planted::Bug::UnknownWriteNotFenced) {
             return None;
         }
-        let Fencing { key, lease, over } = self;
+        let Fencing {
+            fence: Fence { key, lease },
+            over,
+        } = self;
         let mut backoff = retry::Backoff::store(retry::seed(&[key.as_bytes()]));
         let raised = retry::until(&mut backoff, over, |_| {
             let put = PutRequest::new(key.clone(), Vec::new())
@@ -255,5 +248,49 @@ impl Fencing {
         let raised = raised.ok().flatten();
         tracing::debug!(fenced = ?raised, "fenced a candidate write of unknown outcome");
         raised
+    }
+}
+
+impl Fence {
+    /// Sends `txn` conditional also on the fence standing at the version `book` holds for
+    /// the lease. A transaction that failed where the fence stood elsewhere (`book` was stale:
+    /// a registration started anew on the same lease, a raise given up on) is sent again at
+    /// the version read, if `may_resend` says so (a registration being stopped sends nothing
+    /// more), so the caller sees only its own compares' verdict.
+    async fn send(
+        &self,
+        store: &DynKvLeaseStore,
+        txn: TxnRequest,
+        book: &mut (dyn FenceBook + Send),
+        may_resend: &(dyn Fn() -> bool + Sync),
+    ) -> Result<TxnResponse> {
+        let lease = self.lease;
+        loop {
+            let version = book.version(lease);
+            let mut guarded = txn.clone();
+            guarded.compares.push(Compare::version(
+                self.key.clone(),
+                CompareOp::Equal,
+                version,
+            ));
+            guarded
+                .failure
+                .push(TxnOp::Get(GetRequest::key(self.key.clone())));
+            let mut answer = store.txn(guarded).await?;
+            if !answer.succeeded {
+                let fence = answer.responses.pop();
+                let stood = fence
+                    .as_ref()
+                    .and_then(|r| r.as_get())
+                    .map(|g| g.kvs.first().map_or(0, |kv| kv.version));
+                if let Some(stood) = stood.filter(|stood| *stood != version) {
+                    book.set(lease, stood);
+                    if may_resend() {
+                        continue;
+                    }
+                }
+            }
+            return Ok(answer);
+        }
     }
 }

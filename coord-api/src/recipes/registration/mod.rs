@@ -39,7 +39,7 @@ use super::host::HostSession;
 use super::session::{SessionConfig, SessionEnd, SessionHandle};
 use super::task::Task;
 use crate::elections::follow::{Change, Follow};
-use crate::elections::limbo::{Fences, Fencing};
+use crate::elections::limbo::{fenced, FenceBook, Fences, Fencing, Hold};
 use crate::error::{Error, Result};
 use crate::request::{DeleteRequest, GetRequest, PutRequest};
 use crate::retry::{self, Backoff};

@@ -37,6 +37,18 @@ pub(super) struct Shared {
     pub(super) stopping: Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// A registration's write's place among the heal writes, and the book of the key's fences.
+struct InFlight {
+    _place: tokio::sync::OwnedRwLockReadGuard<()>,
+    fences: Arc<Mutex<Fences>>,
+}
+
+impl Hold for InFlight {
+    fn book(&mut self) -> &mut (dyn FenceBook + Send) {
+        &mut self.fences
+    }
+}
+
 /// Where a registration's put left the key.
 #[derive(Debug)]
 pub(super) enum Written {
@@ -220,23 +232,16 @@ impl Shared {
         fencing: Fencing,
         in_flight: tokio::sync::OwnedRwLockReadGuard<()>,
     ) -> Result<TxnResponse> {
-        let store = self.store().clone();
-        let mut fences = self.fences.clone();
         let stopping = self.stopping.clone();
         let removal = !txn.success.iter().any(|op| matches!(op, TxnOp::Put(_)));
-        let write = tokio::spawn(
-            async move {
-                let _in_flight = in_flight;
-                let may_resend = || removal || !stopping.load(Ordering::SeqCst);
-                fencing.send(&*store, txn, &mut fences, &may_resend).await
-            }
-            .in_current_span(),
-        );
-        write.await.map_err(|e| Error::Rejected {
-            backend: "coord",
-            operation: "registration put",
-            source: e.to_string().into(),
-        })?
+        let may_resend = move || removal || !stopping.load(Ordering::SeqCst);
+        let hold = InFlight {
+            _place: in_flight,
+            fences: self.fences.clone(),
+        };
+        fenced(self.store().clone(), txn, hold, fencing, may_resend)
+            .await
+            .0
     }
 
     pub(super) fn latest(&self) -> Bytes {
