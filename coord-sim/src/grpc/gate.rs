@@ -189,3 +189,26 @@ impl Gate {
         (leader.map_or(0, |l| l as u64 + 1), term)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The draw lands about one write in three, over instants a millisecond apart (what a
+    /// schedule's arrivals are), and depends on the instants.
+    #[test]
+    fn a_given_up_write_lands_one_draw_in_three() {
+        let ms = Duration::from_millis;
+        let landed = (0..3000u64)
+            .filter(|i| lands_anyway((*i % 3) as usize, ms(*i), ms(*i + 2000)))
+            .count();
+        assert!(
+            (900..=1100).contains(&landed),
+            "{landed} of 3000 landed, not about a third"
+        );
+        let by_arrival: Vec<bool> = (0..64u64)
+            .map(|i| lands_anyway(0, ms(i), ms(5000)))
+            .collect();
+        assert!(by_arrival.contains(&true) && by_arrival.contains(&false));
+    }
+}
