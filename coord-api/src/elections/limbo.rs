@@ -226,7 +226,10 @@ impl Fencing {
             over,
         } = self;
         let mut backoff = retry::Backoff::store(retry::seed(&[key.as_bytes()]));
-        let raised = retry::until(&mut backoff, over, |_| {
+        // Given up on the moment the lease is surely over, a put in flight included: the write
+        // it fences can land no more, and a crashed host's tasks must not outlive its lease
+        // by a request timeout each.
+        let tries = retry::until(&mut backoff, std::future::pending::<()>(), |_| {
             let put = PutRequest::new(key.clone(), Vec::new())
                 .with_lease(lease)
                 .with_prev_kv();
@@ -237,16 +240,19 @@ impl Fencing {
                     Err(e) => {
                         tracing::debug!(
                             error = &e as &dyn std::error::Error,
-                            "could not fence a candidate write of unknown outcome yet; retrying"
+                            "could not fence a write of unknown outcome yet; retrying"
                         );
                         ControlFlow::Continue(())
                     }
                 }
             }
-        })
-        .await;
-        let raised = raised.ok().flatten();
-        tracing::debug!(fenced = ?raised, "fenced a candidate write of unknown outcome");
+        });
+        let raised = tokio::select! {
+            biased;
+            () = over => None,
+            tried = tries => tried.ok().flatten(),
+        };
+        tracing::debug!(fenced = ?raised, "fenced a write of unknown outcome");
         raised
     }
 }
