@@ -82,12 +82,14 @@ async fn crashed_host_leaves_no_task(cut: fn(&SimStore)) {
     // A withdrawal gives up once the lease is surely over (a TTL past the local deadline,
     // itself at most a TTL away), after the request it has in flight (5 s); the revoke of
     // the abandoned lease ends at its first attempt after the last handle on the store went
-    // with that request: one more request and one backoff wait (1 s). A TTL of slack.
+    // with that request: one more request and one backoff wait (1 s). A TTL of slack, of
+    // which a fence's raise started before the lease's end takes one request (5 s): the
+    // tasks are gone 19 s after the crash, cut off or deaf.
     let bound = 3 * TTL + Duration::from_secs(11);
     if std::env::var("PROBE").is_ok() {
         for i in 0..60 {
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            eprintln!("t={}s alive={}", (i + 1) * 5, alive() - before);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            eprintln!("t={}s alive={}", (i + 1), alive() - before);
         }
     }
     let gone = tokio::time::timeout(bound, async {

@@ -223,13 +223,20 @@ impl Fencing {
         }
         let Fencing {
             fence: Fence { key, lease },
-            over,
+            mut over,
         } = self;
+        // None started once the lease is surely over: a crashed host's tasks must not
+        // outlive it by a request timeout each.
+        if futures::FutureExt::now_or_never(&mut over).is_some() {
+            return None;
+        }
         let mut backoff = retry::Backoff::store(retry::seed(&[key.as_bytes()]));
-        // Given up on the moment the lease is surely over, a put in flight included: the write
-        // it fences can land no more, and a crashed host's tasks must not outlive its lease
-        // by a request timeout each.
-        let tries = retry::until(&mut backoff, std::future::pending::<()>(), |_| {
+        // Given up once the lease is surely over, between tries: a put already on its way is
+        // waited for. A renewal held by a slow or stalled member can keep the lease alive at
+        // the store past what this process counts as its end (turmoil seed 190853, a slow
+        // member: a raise abandoned in flight let a metadata update given up on land after a
+        // newer one), and the fence on its way may be all that stops the write it fences.
+        let raised = retry::until(&mut backoff, over, |_| {
             let put = PutRequest::new(key.clone(), Vec::new())
                 .with_lease(lease)
                 .with_prev_kv();
@@ -246,12 +253,10 @@ impl Fencing {
                     }
                 }
             }
-        });
-        let raised = tokio::select! {
-            biased;
-            () = over => None,
-            tried = tries => tried.ok().flatten(),
-        };
+        })
+        .await
+        .ok()
+        .flatten();
         tracing::debug!(fenced = ?raised, "fenced a write of unknown outcome");
         raised
     }
