@@ -84,6 +84,8 @@ impl Witness {
     ) -> Witness {
         let mut prefixes = prefixes.to_vec();
         prefixes.push(SENTINEL_PREFIX);
+        // A write of unknown outcome (the server killed under it) is fenced there.
+        prefixes.push(coord_api::elections::FENCE_PREFIX);
         Witness::observing(Source::Store(store, prefixes), ttl).await
     }
 

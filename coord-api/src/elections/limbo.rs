@@ -97,12 +97,12 @@ impl Fences {
 
 /// The fence key of `lease` in election `name`.
 pub(crate) fn fence_key(name: &str, lease: LeaseId) -> String {
-    format!("\0coord-fence/election/{name}/{lease}")
+    format!("{}election/{name}/{lease}", super::FENCE_PREFIX)
 }
 
 /// The fence key of `lease` for a key a recipe writes alone (a registration's).
 pub(crate) fn key_fence_key(key: &str, lease: LeaseId) -> String {
-    format!("\0coord-fence/key/{key}/{lease}")
+    format!("{}key/{key}/{lease}", super::FENCE_PREFIX)
 }
 
 /// Runs `txn`, a write of the session's candidate key, fenced: see [`fenced`].

@@ -54,6 +54,12 @@ use follow::{Change, Follow};
 pub(crate) mod follow;
 pub(crate) mod limbo;
 
+/// The prefix of the fence keys coord writes after a write of unknown outcome, so that the
+/// write, if it is still to land, cannot (see `docs/PROMISES.md`, "A campaign write of
+/// unknown outcome cannot come back"). Each is under the lease of the writes it fences and
+/// goes with it. A tool that watches a store's every change by prefixes adds this one.
+pub const FENCE_PREFIX: &str = "\0coord-fence/";
+
 pub(crate) use limbo::Fencing;
 
 fn prefix_of(name: &str) -> String {
