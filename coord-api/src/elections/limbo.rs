@@ -55,11 +55,17 @@ pub(crate) trait FenceBook {
 
 impl FenceBook for Fences {
     fn version(&self, lease: LeaseId) -> i64 {
-        Fences::version(self, lease)
+        self.0
+            .iter()
+            .find(|(l, _)| *l == lease)
+            .map_or(0, |(_, v)| *v)
     }
 
     fn set(&mut self, lease: LeaseId, version: i64) {
-        Fences::set(self, lease, version)
+        match self.0.iter_mut().find(|(l, _)| *l == lease) {
+            Some(entry) => entry.1 = version,
+            None => self.0.push((lease, version)),
+        }
     }
 }
 
@@ -74,24 +80,6 @@ impl FenceBook for Arc<std::sync::Mutex<Fences>> {
         self.lock()
             .unwrap_or_else(|p| p.into_inner())
             .set(lease, version)
-    }
-}
-
-impl Fences {
-    /// The version the fence of `lease` stands at.
-    pub(crate) fn version(&self, lease: LeaseId) -> i64 {
-        self.0
-            .iter()
-            .find(|(l, _)| *l == lease)
-            .map_or(0, |(_, v)| *v)
-    }
-
-    /// The fence of `lease` now stands at `version`.
-    pub(crate) fn set(&mut self, lease: LeaseId, version: i64) {
-        match self.0.iter_mut().find(|(l, _)| *l == lease) {
-            Some(entry) => entry.1 = version,
-            None => self.0.push((lease, version)),
-        }
     }
 }
 
@@ -176,8 +164,9 @@ pub(crate) async fn fenced<H: Hold>(
     })
 }
 
-/// What fencing a session's candidate writes in one election takes: its fence key, its lease,
-/// and when to give up (the lease is surely gone).
+/// What fencing one lease's writes of one key takes (a session's candidate key in an
+/// election, a registration's key): its fence key, its lease, and when to give up (the lease
+/// is surely gone).
 pub(crate) struct Fencing {
     fence: Fence,
     over: Pin<Box<dyn Future<Output = ()> + Send>>,
