@@ -7,7 +7,9 @@
 //! tasks that hop was what kept coord's puts below raw etcd-client's throughput
 //! (BENCHMARKS.md, the concurrent puts). What it did besides is here: the request's origin, the
 //! reconnection, and the errors, which are hyper's own as they were under tonic, so a request
-//! given back unsent still reads as one (`crate::error`).
+//! given back unsent still reads as one (`crate::error`). What it did not do is gather the
+//! connection's writes: a small one waits for one yield of the connection's task, so that
+//! concurrent requests share a system call (`crate::gather`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -224,7 +226,7 @@ impl Shared {
             .map_err(|e| format!("error trying to connect: {}", chain(&e)))?;
         let (sender, connection) = self
             .settings
-            .handshake(TokioIo::new(io))
+            .handshake(TokioIo::new(crate::gather::Gathered::new(io)))
             .await
             .map_err(|e| format!("error trying to connect: HTTP/2 handshake: {}", chain(&e)))?;
         let member = self.authority.clone();

@@ -27,6 +27,7 @@ mod config;
 mod convert;
 mod dial;
 mod error;
+mod gather;
 mod keepalive;
 mod liveness;
 mod pool;
