@@ -8,7 +8,7 @@
 //! kernel's send path and a wake of the member's reader. One yield before a small write
 //! (grpc-go's writer does the same before it flushes a small batch) brought coord to 0.30
 //! writes per put, about 2 µs of client CPU less per put than raw etcd-client's, and its
-//! concurrent puts to 1.03-1.06 of raw's (BENCHMARKS.md, the concurrent puts). A lone request
+//! concurrent puts to 1.01-1.06 of raw's (BENCHMARKS.md, the concurrent puts). A lone request
 //! pays one pass of the runtime's queue, which the sequential latency does not show.
 
 use std::io;
