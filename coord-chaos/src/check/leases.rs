@@ -61,6 +61,44 @@ fn last_arrival(run: &Run<'_>, crashed: Duration) -> Duration {
     at
 }
 
+/// `bound`, moved by every renewal of `lease` that a stalled or slow member held and applied
+/// after `from` and by then: one applied at a stall's thaw, or while a member answered late.
+/// Its incarnation sent it while it still kept the lease (a graceful stop keeps its lease
+/// until the stop ends, and a stop's own writes are held in the same member), and the member
+/// applies it however late it thaws (turmoil seed 9100699's S7: an old incarnation's renewal,
+/// sent 0.1 s after the new one registered to a raft leader stalled for 2.5 s, renewed its
+/// lease at the thaw while a partition kept its stop from removing its key).
+pub(super) fn moved_by_held_renewals(
+    run: &Run<'_>,
+    lease: coord_api::LeaseId,
+    from: Duration,
+    bound: Duration,
+) -> Duration {
+    let held = |at: Duration| {
+        run.beliefs.faults.iter().any(|f| match f.fault.kind {
+            FaultKind::MemberStall | FaultKind::LeaderStall => {
+                f.until <= at && at <= f.until + run.rtt()
+            }
+            FaultKind::MemberSlow => {
+                f.from <= at && at <= f.until + f.fault.added_latency() + run.rtt()
+            }
+            _ => false,
+        })
+    };
+    let mut bound = bound;
+    // In order: a renewal that moves the bound may let a later one count.
+    for at in run.truth.renewals.get(&lease).into_iter().flatten() {
+        if *at > from && *at <= bound && held(*at) {
+            bound = bound.max(moved_by_refreshes(
+                run,
+                *at,
+                *at + run.scenario.ttl + run.rtt(),
+            ));
+        }
+    }
+    bound
+}
+
 /// When the store ought to have ended `lease`, counting renewals up to `since` only: its last
 /// renewal + τ, moved by every refresh before then (a leader change: + ET + τ) and by every
 /// store downtime covering it (nothing expires while the store is down; the restart

@@ -107,7 +107,8 @@ pub(super) fn s6_no_foreign_deletes(run: &Run<'_>, out: &mut Vec<Violation>) {
 /// S7: once a newer incarnation of a host is registered, no key of an older incarnation
 /// stays under the host's name for longer than τ + RTT, moved by the store's lease refreshes
 /// and downtimes meanwhile (in-process seed 124928: an old incarnation's heal put its key
-/// back just after the new one registered, and a store crash kept it).
+/// back just after the new one registered, and a store crash kept it), and by the older
+/// lease's renewals that a stalled or slow member held (τ + RTT from where each landed).
 pub(super) fn s7_single_registration(run: &Run<'_>, out: &mut Vec<Violation>) {
     let bound = run.scenario.ttl + run.rtt();
     for span in &run.truth.key_spans {
@@ -118,7 +119,10 @@ pub(super) fn s7_single_registration(run: &Run<'_>, out: &mut Vec<Violation>) {
             continue;
         };
         let until = span.until.unwrap_or(run.end);
-        let deadline = |from: Duration| super::leases::moved_by_refreshes(run, from, from + bound);
+        let deadline = |from: Duration| {
+            let refreshed = super::leases::moved_by_refreshes(run, from, from + bound);
+            super::leases::moved_by_held_renewals(run, span.lease, from, refreshed)
+        };
         let newer = run.beliefs.registered.iter().find(|r| {
             r.who.node == owner.node
                 && r.who.inc > owner.inc
